@@ -1,0 +1,78 @@
+/**
+ * Job lifecycle moves used by executors: start (claim) and finish. Every move is a conditional UPDATE on
+ * the job's status and generation, so a report from an executor that lost the job is refused.
+ */
+import { and, eq, sql } from 'drizzle-orm';
+import { ConflictError } from '../domain/errors.js';
+import { jobStatesInto, taskStatusAfterJob, taskStatesInto } from '../domain/states.js';
+import type { PlanOutcome } from '../protocol/rest.js';
+import type { Db } from '../store/db.js';
+import { jobs, pullRequests } from '../store/schema.js';
+import { countJobs, updateJob, updateTask, type JobRow } from '../store/tasks.js';
+
+/** Moves a PENDING job to IN_PROGRESS under a new generation; null when it was not pending. */
+export async function startJob(db: Db, jobId: string): Promise<JobRow | null> {
+  return db.transaction(async (tx) => {
+    const [job] = await tx
+      .update(jobs)
+      .set({ status: 'IN_PROGRESS', generation: sql`${jobs.generation} + 1`, startedAt: sql`now()`, updatedAt: sql`now()` })
+      .where(and(eq(jobs.id, jobId), eq(jobs.status, 'PENDING')))
+      .returning();
+    if (!job) return null;
+    await updateTask(tx, job.taskId, { status: 'IN_PROGRESS' }, taskStatesInto('IN_PROGRESS'));
+    return job;
+  });
+}
+
+export interface JobResult {
+  status: 'COMPLETED' | 'FAILED';
+  finalAnswer?: string | null;
+  plan?: string | null;
+  planOutcome?: PlanOutcome | null;
+  error?: string | null;
+  /** The agent asked a clarifying question (in finalAnswer) and waits for a reply. */
+  awaitingInput?: boolean;
+}
+
+export class StaleGenerationError extends ConflictError {
+  constructor(jobId: string, generation: number) {
+    super(`job ${jobId} is no longer held by generation ${generation}`);
+    this.name = 'StaleGenerationError';
+  }
+}
+
+/** Ends an IN_PROGRESS job held by `generation` and moves its task on. */
+export async function finishJob(db: Db, jobId: string, generation: number, result: JobResult): Promise<JobRow> {
+  return db.transaction(async (tx) => {
+    const [current] = await tx.select().from(jobs).where(eq(jobs.id, jobId)).for('update');
+    if (!current || current.generation !== generation) throw new StaleGenerationError(jobId, generation);
+    const job = await updateJob(
+      tx,
+      jobId,
+      {
+        status: result.status,
+        finalAnswer: result.finalAnswer ?? null,
+        plan: result.plan ?? null,
+        planOutcome: result.planOutcome ?? null,
+        error: result.error ?? null,
+        completedAt: new Date(),
+      },
+      jobStatesInto(result.status).filter((from) => from === 'IN_PROGRESS'),
+    );
+    if (!job) throw new StaleGenerationError(jobId, generation);
+    const [open] = await tx
+      .select({ n: sql<number>`count(*)::int` })
+      .from(pullRequests)
+      .where(and(eq(pullRequests.taskId, job.taskId), eq(pullRequests.state, 'open')));
+    const next = taskStatusAfterJob({
+      status: result.status,
+      planReady: result.planOutcome === 'READY',
+      awaitingInput: result.awaitingInput ?? false,
+      hasOpenPullRequests: (open?.n ?? 0) > 0,
+      moreQueued: (await countJobs(tx, job.taskId, ['PENDING'])) > 0,
+    });
+    // A task cancelled meanwhile stays cancelled: the move is conditional on the task still running.
+    await updateTask(tx, job.taskId, { status: next }, ['IN_PROGRESS']);
+    return job;
+  });
+}

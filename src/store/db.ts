@@ -1,0 +1,104 @@
+/**
+ * The database port: one Drizzle `Db` over either driver. PGlite (embedded, a data dir guarded by a lock
+ * file) is the default; node-postgres is used when a DATABASE_URL is given. Repositories take a `Db` and
+ * never know which driver is behind it.
+ */
+import { join } from 'node:path';
+import { PGlite } from '@electric-sql/pglite';
+import type { ExtractTablesWithRelations, SQL } from 'drizzle-orm';
+import { drizzle as drizzlePglite } from 'drizzle-orm/pglite';
+import { drizzle as drizzlePg } from 'drizzle-orm/node-postgres';
+import type { PgDatabase, PgQueryResultHKT } from 'drizzle-orm/pg-core';
+import pg from 'pg';
+import * as schema from './schema.js';
+import { acquireDataDirLock, type DataDirLock } from './lock.js';
+import { migrate } from './migrate.js';
+
+export type Schema = typeof schema;
+export type Db = PgDatabase<PgQueryResultHKT, Schema, ExtractTablesWithRelations<Schema>>;
+
+export type StoreLocation =
+  | { driver: 'pglite'; dataDir: string | null }
+  | { driver: 'postgres'; url: string; schema?: string; poolSize?: number };
+
+export interface Database {
+  readonly db: Db;
+  readonly driver: 'pglite' | 'postgres';
+  /** Answers when the database takes a trivial query; used by /readyz. */
+  ping(): Promise<void>;
+  close(): Promise<void>;
+}
+
+export interface OpenOptions {
+  /** Apply pending migrations (default true). */
+  migrate?: boolean;
+}
+
+export async function openDatabase(location: StoreLocation, options: OpenOptions = {}): Promise<Database> {
+  const database = location.driver === 'pglite' ? await openPglite(location.dataDir) : openPostgres(location);
+  try {
+    if (options.migrate !== false) await migrate(database.db);
+    return database;
+  } catch (error) {
+    await database.close();
+    throw error;
+  }
+}
+
+async function openPglite(dataDir: string | null): Promise<Database> {
+  let lock: DataDirLock | null = null;
+  if (dataDir !== null) lock = acquireDataDirLock(dataDir);
+  let client: PGlite;
+  try {
+    client = dataDir === null ? new PGlite() : new PGlite(join(dataDir, 'pgdata'));
+    await client.waitReady;
+  } catch (error) {
+    lock?.release();
+    throw error;
+  }
+  const db = drizzlePglite({ client, schema }) as unknown as Db;
+  return {
+    db,
+    driver: 'pglite',
+    async ping() {
+      await client.query('select 1');
+    },
+    async close() {
+      try {
+        if (!client.closed) await client.close();
+      } finally {
+        lock?.release();
+      }
+    },
+  };
+}
+
+function openPostgres(location: Extract<StoreLocation, { driver: 'postgres' }>): Database {
+  const pool = new pg.Pool({
+    connectionString: location.url,
+    max: location.poolSize ?? 10,
+    ...(location.schema ? { options: `-c search_path=${location.schema}` } : {}),
+  });
+  // An idle client that loses its connection must not crash the process; the next query reconnects.
+  pool.on('error', () => undefined);
+  const db = drizzlePg({ client: pool, schema }) as unknown as Db;
+  let closed = false;
+  return {
+    db,
+    driver: 'postgres',
+    async ping() {
+      await pool.query('select 1');
+    },
+    async close() {
+      if (closed) return;
+      closed = true;
+      await pool.end();
+    },
+  };
+}
+
+/** Runs raw SQL and returns its rows; both drivers answer `{ rows }`. */
+export async function queryRows<T>(db: Db, query: SQL): Promise<T[]> {
+  const result = (await db.execute(query)) as { rows: T[] };
+  return result.rows;
+}

@@ -1,0 +1,240 @@
+/**
+ * The Drizzle schema: the one description of every table. Migrations in drizzle/ are generated from it
+ * (`npm run db:generate`) and committed; drizzle/meta holds the resulting schema snapshot for review.
+ */
+import { relations, sql } from 'drizzle-orm';
+import {
+  bigint,
+  check,
+  customType,
+  index,
+  integer,
+  pgTable,
+  primaryKey,
+  text,
+  timestamp,
+  uniqueIndex,
+  uuid,
+} from 'drizzle-orm/pg-core';
+
+const bytea = customType<{ data: Buffer; driverData: Buffer | Uint8Array }>({
+  dataType: () => 'bytea',
+  // PGlite answers Uint8Array, node-postgres Buffer: callers always see a Buffer.
+  fromDriver: (value) => (Buffer.isBuffer(value) ? value : Buffer.from(value)),
+});
+
+const createdAt = () => timestamp('created_at', { withTimezone: true, mode: 'date' }).notNull().defaultNow();
+const updatedAt = () => timestamp('updated_at', { withTimezone: true, mode: 'date' }).notNull().defaultNow();
+const optionalTime = (name: string) => timestamp(name, { withTimezone: true, mode: 'date' });
+
+export const workspaces = pgTable(
+  'workspaces',
+  {
+    id: uuid('id').primaryKey().defaultRandom(),
+    name: text('name').notNull(),
+    plan: text('plan', { enum: ['free', 'pro', 'max'] }).notNull().default('free'),
+    createdAt: createdAt(),
+  },
+  (t) => [uniqueIndex('workspaces_name_key').on(t.name), check('workspaces_plan_check', sql`${t.plan} in ('free', 'pro', 'max')`)],
+);
+
+export const users = pgTable(
+  'users',
+  {
+    id: uuid('id').primaryKey().defaultRandom(),
+    email: text('email').notNull(),
+    name: text('name'),
+    passwordHash: text('password_hash'),
+    createdAt: createdAt(),
+  },
+  (t) => [uniqueIndex('users_email_key').on(sql`lower(${t.email})`)],
+);
+
+export const memberships = pgTable(
+  'memberships',
+  {
+    workspaceId: uuid('workspace_id').notNull().references(() => workspaces.id, { onDelete: 'cascade' }),
+    userId: uuid('user_id').notNull().references(() => users.id, { onDelete: 'cascade' }),
+    role: text('role', { enum: ['owner', 'admin', 'member'] }).notNull().default('member'),
+    createdAt: createdAt(),
+  },
+  (t) => [primaryKey({ columns: [t.workspaceId, t.userId] }), index('memberships_user_idx').on(t.userId)],
+);
+
+export const apiKeys = pgTable(
+  'api_keys',
+  {
+    id: uuid('id').primaryKey().defaultRandom(),
+    workspaceId: uuid('workspace_id').notNull().references(() => workspaces.id, { onDelete: 'cascade' }),
+    name: text('name').notNull(),
+    /** The first characters of the key, shown in listings so a person can tell keys apart. */
+    prefix: text('prefix').notNull(),
+    /** SHA-256 of the whole key, hex. The key itself is never stored. */
+    keyHash: text('key_hash').notNull(),
+    createdByUserId: uuid('created_by_user_id').references(() => users.id, { onDelete: 'set null' }),
+    createdAt: createdAt(),
+    expiresAt: optionalTime('expires_at'),
+    revokedAt: optionalTime('revoked_at'),
+    lastUsedAt: optionalTime('last_used_at'),
+  },
+  (t) => [uniqueIndex('api_keys_key_hash_key').on(t.keyHash), index('api_keys_workspace_idx').on(t.workspaceId)],
+);
+
+/** Per-key request counts in one-second buckets: the sliding-window rate limit, shared by every process. */
+export const rateLimitBuckets = pgTable(
+  'rate_limit_buckets',
+  {
+    keyId: uuid('key_id').notNull().references(() => apiKeys.id, { onDelete: 'cascade' }),
+    second: bigint('second', { mode: 'number' }).notNull(),
+    count: integer('count').notNull(),
+  },
+  (t) => [primaryKey({ columns: [t.keyId, t.second] })],
+);
+
+export const tasks = pgTable(
+  'tasks',
+  {
+    id: uuid('id').primaryKey().defaultRandom(),
+    /** Insertion order: the keyset of cursor pagination (no ties, unlike timestamps). */
+    seq: bigint('seq', { mode: 'number' }).notNull().generatedAlwaysAsIdentity(),
+    workspaceId: uuid('workspace_id').notNull().references(() => workspaces.id, { onDelete: 'cascade' }),
+    slug: text('slug').notNull(),
+    title: text('title').notNull(),
+    status: text('status').notNull(),
+    mode: text('mode').notNull(),
+    agent: text('agent').notNull(),
+    effort: text('effort').notNull(),
+    createdByKeyId: uuid('created_by_key_id').references(() => apiKeys.id, { onDelete: 'set null' }),
+    archivedAt: optionalTime('archived_at'),
+    createdAt: createdAt(),
+    updatedAt: updatedAt(),
+  },
+  (t) => [
+    uniqueIndex('tasks_workspace_slug_key').on(t.workspaceId, t.slug),
+    index('tasks_workspace_seq_idx').on(t.workspaceId, t.seq),
+    index('tasks_workspace_status_seq_idx').on(t.workspaceId, t.status, t.seq),
+  ],
+);
+
+/** The task thread: every message a person sent or the agent answered, in order. */
+export const messages = pgTable(
+  'messages',
+  {
+    id: uuid('id').primaryKey().defaultRandom(),
+    seq: bigint('seq', { mode: 'number' }).notNull().generatedAlwaysAsIdentity(),
+    taskId: uuid('task_id').notNull().references(() => tasks.id, { onDelete: 'cascade' }),
+    role: text('role', { enum: ['user', 'agent'] }).notNull(),
+    body: text('body').notNull(),
+    userIntent: text('user_intent'),
+    createdAt: createdAt(),
+  },
+  (t) => [index('messages_task_seq_idx').on(t.taskId, t.seq)],
+);
+
+export const messageFiles = pgTable(
+  'message_files',
+  {
+    id: uuid('id').primaryKey().defaultRandom(),
+    messageId: uuid('message_id').notNull().references(() => messages.id, { onDelete: 'cascade' }),
+    position: integer('position').notNull(),
+    name: text('name').notNull(),
+    /** `inline`: decoded content stored here; `remote`: an http(s) reference, never fetched; `blob`: refused. */
+    kind: text('kind', { enum: ['inline', 'remote', 'blob'] }).notNull(),
+    mediaType: text('media_type'),
+    sizeBytes: integer('size_bytes'),
+    sha256: text('sha256'),
+    url: text('url'),
+    content: bytea('content'),
+    createdAt: createdAt(),
+  },
+  (t) => [index('message_files_message_idx').on(t.messageId, t.position)],
+);
+
+export const jobs = pgTable(
+  'jobs',
+  {
+    id: uuid('id').primaryKey().defaultRandom(),
+    seq: bigint('seq', { mode: 'number' }).notNull().generatedAlwaysAsIdentity(),
+    taskId: uuid('task_id').notNull().references(() => tasks.id, { onDelete: 'cascade' }),
+    workspaceId: uuid('workspace_id').notNull().references(() => workspaces.id, { onDelete: 'cascade' }),
+    messageId: uuid('message_id').references(() => messages.id, { onDelete: 'set null' }),
+    status: text('status').notNull(),
+    type: text('type').notNull(),
+    agent: text('agent'),
+    agentProvider: text('agent_provider'),
+    effort: text('effort'),
+    input: text('input'),
+    /** Routing-config instructions appended to the task for the agent. */
+    instructions: text('instructions'),
+    finalAnswer: text('final_answer'),
+    plan: text('plan'),
+    planOutcome: text('plan_outcome'),
+    error: text('error'),
+    /** Execution generation: bumped on every claim so a late report from an earlier one is refused. */
+    generation: integer('generation').notNull().default(0),
+    createdAt: createdAt(),
+    startedAt: optionalTime('started_at'),
+    completedAt: optionalTime('completed_at'),
+    updatedAt: updatedAt(),
+  },
+  (t) => [
+    index('jobs_task_seq_idx').on(t.taskId, t.seq),
+    index('jobs_pending_idx').on(t.seq).where(sql`${t.status} = 'PENDING'`),
+  ],
+);
+
+export const pullRequests = pgTable(
+  'pull_requests',
+  {
+    id: uuid('id').primaryKey().defaultRandom(),
+    taskId: uuid('task_id').notNull().references(() => tasks.id, { onDelete: 'cascade' }),
+    repoFullName: text('repo_full_name').notNull(),
+    prNumber: integer('pr_number').notNull(),
+    prUrl: text('pr_url').notNull(),
+    title: text('title').notNull(),
+    state: text('state', { enum: ['open', 'merged', 'closed'] }).notNull(),
+    createdAt: createdAt(),
+    updatedAt: updatedAt(),
+  },
+  (t) => [uniqueIndex('pull_requests_task_repo_number_key').on(t.taskId, t.repoFullName, t.prNumber)],
+);
+
+export const routingConfigs = pgTable(
+  'routing_configs',
+  {
+    id: uuid('id').primaryKey().defaultRandom(),
+    workspaceId: uuid('workspace_id').notNull().references(() => workspaces.id, { onDelete: 'cascade' }),
+    /** `default`, or the trigger keyword without its slash. */
+    name: text('name').notNull(),
+    mode: text('mode').notNull(),
+    agent: text('agent').notNull(),
+    effort: text('effort').notNull(),
+    instructions: text('instructions'),
+    createdAt: createdAt(),
+    updatedAt: updatedAt(),
+  },
+  (t) => [uniqueIndex('routing_configs_workspace_name_key').on(t.workspaceId, t.name)],
+);
+
+export const tasksRelations = relations(tasks, ({ many }) => ({
+  jobs: many(jobs),
+  pullRequests: many(pullRequests),
+  messages: many(messages),
+}));
+
+export const jobsRelations = relations(jobs, ({ one }) => ({
+  task: one(tasks, { fields: [jobs.taskId], references: [tasks.id] }),
+}));
+
+export const pullRequestsRelations = relations(pullRequests, ({ one }) => ({
+  task: one(tasks, { fields: [pullRequests.taskId], references: [tasks.id] }),
+}));
+
+export const messagesRelations = relations(messages, ({ one, many }) => ({
+  task: one(tasks, { fields: [messages.taskId], references: [tasks.id] }),
+  files: many(messageFiles),
+}));
+
+export const messageFilesRelations = relations(messageFiles, ({ one }) => ({
+  message: one(messages, { fields: [messageFiles.messageId], references: [messages.id] }),
+}));
