@@ -1,0 +1,85 @@
+/** `svc admin`: operator bootstrap commands that work directly on the store. */
+import type { Command } from 'commander';
+import { admin, withStore } from '../main.js';
+import { table } from './output.js';
+import { addStoreOptions, configFrom } from './store-options.js';
+
+const when = (date: Date | null): string => (date ? date.toISOString().replace(/\.\d+Z$/, 'Z') : '-');
+
+export function registerAdmin(program: Command): void {
+  const root = program.command('admin').description('operator commands on the store (--data-dir or DATABASE_URL)');
+
+  const workspace = root.command('workspace').description('manage workspaces');
+  addStoreOptions(
+    workspace
+      .command('create <name>')
+      .description('create a workspace with its default routing config')
+      .option('--plan <plan>', 'free, pro or max', 'free')
+      .option('--default-agent <agent>', 'agent of its default routing config (SVC_DEFAULT_AGENT)'),
+  ).action(async (name: string, options: { plan: string; defaultAgent?: string } & Record<string, unknown>) => {
+    const { plan, ...rest } = options;
+    const config = configFrom(rest);
+    const created = await withStore(config, (database) => admin.addWorkspace(database.db, name, plan, config.defaultAgent));
+    process.stdout.write(`Created workspace "${created.name}" (plan ${created.plan}, id ${created.id})\n`);
+  });
+  addStoreOptions(workspace.command('list').description('list workspaces').option('--json', 'print JSON')).action(
+    async (options: { json?: boolean } & Record<string, unknown>) => {
+      const { json, ...rest } = options;
+      const rows = await withStore(configFrom(rest), (database) => admin.listWorkspaces(database.db));
+      if (json) return void process.stdout.write(`${JSON.stringify(rows, null, 2)}\n`);
+      process.stdout.write(table(rows.map((row) => ({ name: row.name, plan: row.plan, id: row.id, created: when(row.createdAt) }))));
+    },
+  );
+
+  const apiKey = root.command('api-key').description('manage workspace API keys');
+  addStoreOptions(
+    apiKey
+      .command('create')
+      .description('create an API key; the key is printed once, alone on the last line')
+      .requiredOption('--workspace <name>', 'workspace the key belongs to')
+      .option('--name <label>', 'a label to tell keys apart', 'api key')
+      .option('--expires-in <duration>', 'lifetime such as 1h, 7d, 4w or 1y (default: no expiry)'),
+  ).action(async (options: { workspace: string; name: string; expiresIn?: string } & Record<string, unknown>) => {
+    const { workspace: name, name: label, expiresIn, ...rest } = options;
+    const { key, record } = await withStore(configFrom(rest), (database) =>
+      admin.addApiKey(database.db, { workspace: name, name: label, ...(expiresIn === undefined ? {} : { expiresIn }) }),
+    );
+    const expiry = record.expiresAt ? `, expires ${when(record.expiresAt)}` : '';
+    process.stdout.write(`Created API key ${record.prefix}… "${record.name}" for workspace "${name}"${expiry}. It is shown once:\n${key}\n`);
+  });
+  addStoreOptions(
+    apiKey
+      .command('list')
+      .description("list a workspace's API keys (never the keys themselves)")
+      .requiredOption('--workspace <name>', 'workspace')
+      .option('--json', 'print JSON'),
+  ).action(async (options: { workspace: string; json?: boolean } & Record<string, unknown>) => {
+    const { workspace: name, json, ...rest } = options;
+    const keys = await withStore(configFrom(rest), (database) => admin.workspaceApiKeys(database.db, name));
+    if (json) return void process.stdout.write(`${JSON.stringify(keys, null, 2)}\n`);
+    const now = Date.now();
+    process.stdout.write(
+      table(
+        keys.map((key) => ({
+          id: key.id,
+          prefix: `${key.prefix}…`,
+          name: key.name,
+          status: key.revokedAt ? 'revoked' : key.expiresAt && key.expiresAt.getTime() <= now ? 'expired' : 'active',
+          created: when(key.createdAt),
+          expires: when(key.expiresAt),
+          'last used': when(key.lastUsedAt),
+        })),
+      ) || 'No API keys.\n',
+    );
+  });
+  addStoreOptions(
+    apiKey
+      .command('revoke <idOrPrefix>')
+      .description('revoke a key by its id or its listed prefix')
+      .requiredOption('--workspace <name>', 'workspace'),
+  ).action(async (idOrPrefix: string, options: { workspace: string } & Record<string, unknown>) => {
+    const { workspace: name, ...rest } = options;
+    const revoked = await withStore(configFrom(rest), (database) => admin.removeApiKey(database.db, name, idOrPrefix.replace(/…$/, '')));
+    process.stdout.write(`Revoked API key ${revoked.prefix}… "${revoked.name}" (${revoked.id})\n`);
+  });
+}

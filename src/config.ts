@@ -1,0 +1,86 @@
+/**
+ * Configuration: one zod schema, read once at start. Precedence: command-line flag > environment
+ * variable > default. Every variable is listed here with what it does; docs/operations.md repeats them.
+ */
+import { resolve } from 'node:path';
+import { z } from 'zod';
+
+const LogLevel = z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']);
+
+export const ConfigSchema = z.object({
+  /** SVC_PORT: the HTTP port (0 picks a free one). */
+  port: z.coerce.number().int().min(0).max(65535).default(8080),
+  /** SVC_HOST: the address to listen on. */
+  host: z.string().min(1).default('127.0.0.1'),
+  /** SVC_DATA_DIR: where the embedded database (PGlite) lives when no DATABASE_URL is set. */
+  dataDir: z.string().min(1).default('.svc'),
+  /** DATABASE_URL: a postgres:// URL; when set, PostgreSQL is used instead of the embedded database. */
+  databaseUrl: z
+    .string()
+    .regex(/^postgres(ql)?:\/\//, 'must be a postgres:// or postgresql:// URL')
+    .optional(),
+  /** SVC_PUBLIC_URL: the address people reach the service at; task URLs are built from it. */
+  publicUrl: z.url().optional(),
+  /** SVC_LOG_LEVEL */
+  logLevel: LogLevel.default('info'),
+  /** SVC_DEFAULT_AGENT: the agent of the `default` routing config of new workspaces. */
+  defaultAgent: z.string().default('anthropic/claude-sonnet-4-5'),
+  /** SVC_RATE_LIMIT_PER_MINUTE, SVC_RATE_LIMIT_PER_HOUR: per API key (SPEC.md "Limits"). */
+  rateLimitPerMinute: z.coerce.number().int().min(1).default(100),
+  rateLimitPerHour: z.coerce.number().int().min(1).default(1000),
+  /** SVC_DB_POOL_SIZE: connections per process to PostgreSQL. */
+  dbPoolSize: z.coerce.number().int().min(1).max(200).default(10),
+  /** SVC_SHUTDOWN_TIMEOUT_MS: how long SIGTERM waits for requests in flight. */
+  shutdownTimeoutMs: z.coerce.number().int().min(0).default(10_000),
+});
+export type Config = z.infer<typeof ConfigSchema>;
+export type ConfigKey = keyof Config;
+
+const ENV: Record<ConfigKey, string> = {
+  port: 'SVC_PORT',
+  host: 'SVC_HOST',
+  dataDir: 'SVC_DATA_DIR',
+  databaseUrl: 'DATABASE_URL',
+  publicUrl: 'SVC_PUBLIC_URL',
+  logLevel: 'SVC_LOG_LEVEL',
+  defaultAgent: 'SVC_DEFAULT_AGENT',
+  rateLimitPerMinute: 'SVC_RATE_LIMIT_PER_MINUTE',
+  rateLimitPerHour: 'SVC_RATE_LIMIT_PER_HOUR',
+  dbPoolSize: 'SVC_DB_POOL_SIZE',
+  shutdownTimeoutMs: 'SVC_SHUTDOWN_TIMEOUT_MS',
+};
+
+export class ConfigError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'ConfigError';
+  }
+}
+
+export function loadConfig(
+  flags: Partial<Record<ConfigKey, unknown>> = {},
+  env: NodeJS.ProcessEnv = process.env,
+): Config {
+  const raw: Record<string, unknown> = {};
+  for (const key of Object.keys(ENV) as ConfigKey[]) {
+    const fromEnv = env[ENV[key]];
+    const value = flags[key] ?? (fromEnv === '' ? undefined : fromEnv);
+    if (value !== undefined) raw[key] = value;
+  }
+  const parsed = ConfigSchema.safeParse(raw);
+  if (!parsed.success) {
+    const issue = parsed.error.issues[0];
+    const key = String(issue?.path[0] ?? '') as ConfigKey;
+    const where = ENV[key] ? `${key} (--${kebab(key)} or ${ENV[key]})` : key;
+    throw new ConfigError(`invalid configuration: ${where} ${issue?.message ?? 'is invalid'}`);
+  }
+  return { ...parsed.data, dataDir: resolve(parsed.data.dataDir) };
+}
+
+function kebab(key: string): string {
+  return key.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`);
+}
+
+export function envVarOf(key: ConfigKey): string {
+  return ENV[key];
+}

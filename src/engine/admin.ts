@@ -1,0 +1,66 @@
+/** Operator actions behind `svc admin`: workspaces and API keys. */
+import { parseDuration } from '../domain/api-keys.js';
+import { ConflictError, NotFoundError, ValidationError } from '../domain/errors.js';
+import type { Db } from '../store/db.js';
+import { createApiKey, listApiKeys, revokeApiKey, type ApiKeyRecord } from '../store/api-keys.js';
+import { createWorkspace, findWorkspaceByName, listWorkspaces, type Workspace, type WorkspacePlan } from '../store/workspaces.js';
+
+export const WORKSPACE_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/;
+export const PLANS: readonly WorkspacePlan[] = ['free', 'pro', 'max'];
+
+export async function addWorkspace(db: Db, name: string, plan: string, defaultAgent: string): Promise<Workspace> {
+  if (!WORKSPACE_NAME.test(name)) {
+    throw ValidationError.field('name', 'must be 1-63 letters, digits, ".", "_" or "-", starting with a letter or digit');
+  }
+  if (!(PLANS as readonly string[]).includes(plan)) throw ValidationError.field('plan', `must be one of ${PLANS.join(', ')}`);
+  const workspace = await createWorkspace(db, { name, plan: plan as WorkspacePlan, defaultAgent });
+  if (!workspace) throw new ConflictError(`workspace "${name}" already exists`);
+  return workspace;
+}
+
+async function requireWorkspace(db: Db, name: string): Promise<Workspace> {
+  const workspace = await findWorkspaceByName(db, name);
+  if (!workspace) throw new NotFoundError(`workspace "${name}" does not exist`);
+  return workspace;
+}
+
+export async function addApiKey(
+  db: Db,
+  input: { workspace: string; name?: string; expiresIn?: string },
+): Promise<{ key: string; record: ApiKeyRecord }> {
+  let expiresAt: Date | null = null;
+  if (input.expiresIn !== undefined) {
+    const ms = parseDuration(input.expiresIn);
+    if (ms === null) throw ValidationError.field('expires-in', 'must be a number and a unit: 30m, 12h, 7d, 4w or 1y');
+    expiresAt = new Date(Date.now() + ms);
+  }
+  const workspace = await requireWorkspace(db, input.workspace);
+  return createApiKey(db, { workspaceId: workspace.id, name: input.name ?? 'api key', expiresAt });
+}
+
+export async function workspaceApiKeys(db: Db, workspaceName: string): Promise<ApiKeyRecord[]> {
+  const workspace = await requireWorkspace(db, workspaceName);
+  return listApiKeys(db, workspace.id);
+}
+
+export async function removeApiKey(db: Db, workspaceName: string, idOrPrefix: string): Promise<ApiKeyRecord> {
+  const workspace = await requireWorkspace(db, workspaceName);
+  const { revoked, matches } = await revokeApiKey(db, workspace.id, idOrPrefix);
+  if (matches > 1) throw new ConflictError(`"${idOrPrefix}" matches ${matches} keys; give more of the prefix or the id`);
+  if (!revoked) throw new NotFoundError(`no API key "${idOrPrefix}" in workspace "${workspaceName}"`);
+  return revoked;
+}
+
+export { listWorkspaces };
+
+/**
+ * On a database with no workspace at all, creates `default` and its first API key. Two processes
+ * starting on one fresh database agree on one winner through the unique workspace name.
+ */
+export async function bootstrap(db: Db, defaultAgent: string): Promise<{ workspace: Workspace; key: string } | null> {
+  if ((await listWorkspaces(db)).length > 0) return null;
+  const workspace = await createWorkspace(db, { name: 'default', plan: 'free', defaultAgent });
+  if (!workspace) return null;
+  const { key } = await createApiKey(db, { workspaceId: workspace.id, name: 'bootstrap' });
+  return { workspace, key };
+}
