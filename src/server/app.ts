@@ -94,7 +94,7 @@ export async function buildServer(options: ServerOptions): Promise<FastifyInstan
   });
 
   app.get('/healthz', { schema: { hide: true } }, async () => ({ status: 'ok' }));
-  app.get('/readyz', { schema: { hide: true } }, async (request, reply) => {
+  app.get('/readyz', { schema: { hide: true } }, async (request) => {
     try {
       await options.database.ping();
       return { status: 'ok' };

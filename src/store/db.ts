@@ -18,7 +18,8 @@ export type Schema = typeof schema;
 export type Db = PgDatabase<PgQueryResultHKT, Schema, ExtractTablesWithRelations<Schema>>;
 
 export type StoreLocation =
-  | { driver: 'pglite'; dataDir: string | null }
+  /** `snapshot`: a data-dir tarball (PGlite `dumpDataDir`) to start an in-memory database from. */
+  | { driver: 'pglite'; dataDir: string | null; snapshot?: Blob }
   | { driver: 'postgres'; url: string; schema?: string; poolSize?: number };
 
 export interface Database {
@@ -27,6 +28,8 @@ export interface Database {
   /** Answers when the database takes a trivial query; used by /readyz. */
   ping(): Promise<void>;
   close(): Promise<void>;
+  /** PGlite only: the data dir as a tarball (tests start copies from it). */
+  snapshot?(): Promise<Blob>;
 }
 
 export interface OpenOptions {
@@ -35,7 +38,7 @@ export interface OpenOptions {
 }
 
 export async function openDatabase(location: StoreLocation, options: OpenOptions = {}): Promise<Database> {
-  const database = location.driver === 'pglite' ? await openPglite(location.dataDir) : openPostgres(location);
+  const database = location.driver === 'pglite' ? await openPglite(location.dataDir, location.snapshot) : openPostgres(location);
   try {
     if (options.migrate !== false) await migrate(database.db);
     return database;
@@ -45,12 +48,15 @@ export async function openDatabase(location: StoreLocation, options: OpenOptions
   }
 }
 
-async function openPglite(dataDir: string | null): Promise<Database> {
+async function openPglite(dataDir: string | null, snapshot?: Blob): Promise<Database> {
   let lock: DataDirLock | null = null;
   if (dataDir !== null) lock = acquireDataDirLock(dataDir);
   let client: PGlite;
   try {
-    client = dataDir === null ? new PGlite() : new PGlite(join(dataDir, 'pgdata'));
+    client =
+      dataDir === null
+        ? new PGlite(snapshot ? { loadDataDir: snapshot } : {})
+        : new PGlite(join(dataDir, 'pgdata'));
     await client.waitReady;
   } catch (error) {
     lock?.release();
@@ -62,6 +68,10 @@ async function openPglite(dataDir: string | null): Promise<Database> {
     driver: 'pglite',
     async ping() {
       await client.query('select 1');
+    },
+    /** A tarball of the whole data dir, to open copies of this database from. */
+    async snapshot() {
+      return client.dumpDataDir('none');
     },
     async close() {
       try {

@@ -1,0 +1,20 @@
+// Before the tests: say in one line what this machine lacks and how to get it, instead of failing obscurely.
+import { execFileSync } from 'node:child_process';
+
+const problems = [];
+const [major, minor] = process.versions.node.split('.').map(Number);
+if (major < 20 || (major === 20 && minor < 19)) {
+  problems.push(`Node ${process.versions.node} is too old: svc needs Node >= 20.19`);
+}
+const tools = [{ command: 'git', args: ['--version'], install: 'apt-get install -y git' }];
+for (const tool of tools) {
+  try {
+    execFileSync(tool.command, tool.args, { stdio: 'ignore' });
+  } catch {
+    problems.push(`${tool.command} is missing: install it with \`${tool.install}\``);
+  }
+}
+if (problems.length > 0) {
+  process.stderr.write(`svc tests cannot run: ${problems.join('; ')}\n`);
+  process.exit(1);
+}

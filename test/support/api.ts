@@ -1,0 +1,62 @@
+/** An in-process API server on a real database, with helpers to make tenants (workspace + key). */
+import { randomBytes } from 'node:crypto';
+import type { FastifyInstance, InjectOptions, LightMyRequestResponse } from 'fastify';
+import { buildServer } from '../../src/server/app.js';
+import { createApiKey } from '../../src/store/api-keys.js';
+import { createWorkspace, type Workspace } from '../../src/store/workspaces.js';
+import type { RateLimits } from '../../src/store/rate-limit.js';
+import { openTestDatabase, type TestDatabase, type TestDriver } from './db.js';
+
+export const TEST_PUBLIC_URL = 'http://svc.test';
+export const DEFAULT_AGENT = 'anthropic/claude-sonnet-4-5';
+
+export interface Tenant {
+  workspace: Workspace;
+  key: string;
+  headers: { authorization: string };
+  /** Injects a request authenticated as this tenant; `body` is sent as JSON. */
+  request(method: InjectOptions['method'], url: string, body?: unknown): Promise<LightMyRequestResponse>;
+}
+
+export interface TestApi {
+  app: FastifyInstance;
+  db: TestDatabase;
+  newTenant(options?: { plan?: 'free' | 'pro' | 'max' }): Promise<Tenant>;
+  close(): Promise<void>;
+}
+
+export async function startTestApi(
+  driver: TestDriver,
+  options: { rateLimits?: RateLimits } = {},
+): Promise<TestApi> {
+  const db = await openTestDatabase(driver);
+  const app = await buildServer({
+    database: db.database,
+    publicUrl: TEST_PUBLIC_URL,
+    // Generous by default so that suites are not throttled; rate-limit tests set their own.
+    rateLimits: options.rateLimits ?? { perMinute: 100_000, perHour: 1_000_000 },
+  });
+  await app.ready();
+  return {
+    app,
+    db,
+    async newTenant(tenantOptions = {}) {
+      const name = `ws-${randomBytes(5).toString('hex')}`;
+      const workspace = await createWorkspace(db.database.db, { name, plan: tenantOptions.plan ?? 'free', defaultAgent: DEFAULT_AGENT });
+      if (!workspace) throw new Error('workspace name collision');
+      const { key } = await createApiKey(db.database.db, { workspaceId: workspace.id, name: 'test' });
+      const headers = { authorization: `Bearer ${key}` };
+      return {
+        workspace,
+        key,
+        headers,
+        request: (method, url, body) =>
+          app.inject({ method, url, headers, ...(body === undefined ? {} : { payload: body as InjectOptions['payload'] }) }),
+      };
+    },
+    async close() {
+      await app.close();
+      await db.close();
+    },
+  };
+}
