@@ -17,10 +17,15 @@ import {
   uuid,
 } from 'drizzle-orm/pg-core';
 
-const bytea = customType<{ data: Buffer; driverData: Buffer | Uint8Array }>({
+const bytea = customType<{ data: Buffer; driverData: Buffer | Uint8Array | string }>({
   dataType: () => 'bytea',
-  // PGlite answers Uint8Array, node-postgres Buffer: callers always see a Buffer.
-  fromDriver: (value) => (Buffer.isBuffer(value) ? value : Buffer.from(value)),
+  // PGlite answers Uint8Array, node-postgres Buffer, and relational queries (which aggregate rows as
+  // JSON) the text form `\x…`: callers always see a Buffer.
+  fromDriver: (value) => {
+    if (Buffer.isBuffer(value)) return value;
+    if (typeof value === 'string') return Buffer.from(value.startsWith('\\x') ? value.slice(2) : value, 'hex');
+    return Buffer.from(value);
+  },
 });
 
 const createdAt = () => timestamp('created_at', { withTimezone: true, mode: 'date' }).notNull().defaultNow();

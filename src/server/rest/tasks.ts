@@ -128,7 +128,8 @@ export const taskRoutes: FastifyPluginAsyncZod<RestDeps> = async (app, { db, pub
         operationId: 'approvePlan',
         summary: 'Approve the READY plan and queue its implementation',
         params: TaskParams,
-        body: ApprovePlanBody.optional(),
+        // The body is optional: a POST without one arrives as null.
+        body: ApprovePlanBody.nullish(),
         response: { 201: TaskAndJob, ...errorResponses(400, 404, 409, 415) },
       },
     },
