@@ -37,7 +37,8 @@ const REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/;
 export async function buildServer(options: ServerOptions): Promise<FastifyInstance> {
   const app = Fastify({
     ...(options.logger ? { loggerInstance: options.logger } : { logger: false }),
-    requestIdHeader: 'x-request-id',
+    // genReqId reads X-Request-Id itself so that only a well-formed one is trusted.
+    requestIdHeader: false,
     logController: new LogController({
       requestIdLogLabel: 'requestId',
       disableRequestLogging: (request) => request.url === '/healthz' || request.url === '/readyz',
@@ -55,6 +56,8 @@ export async function buildServer(options: ServerOptions): Promise<FastifyInstan
   app.setSerializerCompiler(serializerCompiler);
   installErrorHandling(app);
 
+  // The API speaks JSON only: any other content type is 415.
+  app.removeAllContentTypeParsers();
   // An empty body with a JSON content type means "no body" (curl -X POST -H 'content-type: …').
   const parseJson = app.getDefaultJsonParser('error', 'error');
   app.addContentTypeParser('application/json', { parseAs: 'string' }, (request, body, done) => {
