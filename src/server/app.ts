@@ -34,6 +34,22 @@ export interface ServerOptions {
 
 const REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/;
 
+/** Adds the `Retry-After` header to every documented 429 answer. */
+function documentRetryAfter<T>(document: T): T {
+  const paths = (document as { paths?: Record<string, Record<string, { responses?: Record<string, Record<string, unknown>> }>> }).paths;
+  for (const operations of Object.values(paths ?? {})) {
+    for (const operation of Object.values(operations)) {
+      const limited = operation.responses?.['429'];
+      if (limited) {
+        limited.headers = {
+          'Retry-After': { description: 'Seconds to wait before the next request is accepted', schema: { type: 'integer', minimum: 1 } },
+        };
+      }
+    }
+  }
+  return document;
+}
+
 export async function buildServer(options: ServerOptions): Promise<FastifyInstance> {
   const app = Fastify({
     ...(options.logger ? { loggerInstance: options.logger } : { logger: false }),
@@ -93,7 +109,7 @@ export async function buildServer(options: ServerOptions): Promise<FastifyInstan
       ],
     },
     transform: jsonSchemaTransform,
-    transformObject: jsonSchemaTransformObject,
+    transformObject: (input) => documentRetryAfter(jsonSchemaTransformObject(input)),
   });
 
   app.get('/healthz', { schema: { hide: true } }, async () => ({ status: 'ok' }));
