@@ -61,7 +61,7 @@ export function parseFiles(inputs: readonly FileInput[] | undefined, fieldPrefix
     const field = `${fieldPrefix}.${index}.url`;
     const url = input.url.trim();
     const scheme = /^([a-z][a-z0-9+.-]*):/i.exec(url)?.[1]?.toLowerCase();
-    const name = input.name ?? (scheme === 'data' ? `file-${index + 1}` : nameFromUrl(url, index));
+    const name = input.name ?? (scheme === 'http' || scheme === 'https' ? nameFromUrl(url, index) : `file-${index + 1}`);
     switch (scheme) {
       case 'data': {
         const decoded = decodeDataUrl(url);

@@ -1,0 +1,39 @@
+import { resolve } from 'node:path';
+import { describe, expect, it } from 'vitest';
+import { ConfigError, loadConfig } from './config.js';
+
+describe('loadConfig', () => {
+  it('takes defaults, then the environment, then flags', () => {
+    expect(loadConfig({}, {})).toMatchObject({ port: 8080, host: '127.0.0.1', logLevel: 'info', rateLimitPerMinute: 100, rateLimitPerHour: 1000 });
+    const env = { SVC_PORT: '9000', SVC_HOST: '0.0.0.0', SVC_RATE_LIMIT_PER_MINUTE: '5', SVC_DATA_DIR: 'data' };
+    expect(loadConfig({}, env)).toMatchObject({ port: 9000, host: '0.0.0.0', rateLimitPerMinute: 5, dataDir: resolve('data') });
+    expect(loadConfig({ port: '7000', dataDir: '/srv/svc' }, env)).toMatchObject({ port: 7000, host: '0.0.0.0', dataDir: '/srv/svc' });
+  });
+
+  it('treats an empty variable as unset', () => {
+    const config = loadConfig({}, { SVC_PORT: '', DATABASE_URL: '' });
+    expect(config.port).toBe(8080);
+    expect(config.databaseUrl).toBeUndefined();
+  });
+
+  it('accepts postgres URLs only', () => {
+    expect(loadConfig({}, { DATABASE_URL: 'postgresql://u@h/db' }).databaseUrl).toBe('postgresql://u@h/db');
+    expect(() => loadConfig({}, { DATABASE_URL: 'mysql://u@h/db' })).toThrow(/databaseUrl \(--database-url or DATABASE_URL\)/);
+  });
+
+  it('names the flag and the variable of an invalid value in one line', () => {
+    let caught: unknown;
+    try {
+      loadConfig({}, { SVC_PORT: 'eighty' });
+    } catch (error) {
+      caught = error;
+    }
+    expect(caught).toBeInstanceOf(ConfigError);
+    const message = (caught as Error).message;
+    expect(message).toContain('--port');
+    expect(message).toContain('SVC_PORT');
+    expect(message).not.toContain('\n');
+    expect(() => loadConfig({ logLevel: 'loud' }, {})).toThrow(/SVC_LOG_LEVEL/);
+    expect(() => loadConfig({ port: 70000 }, {})).toThrow(ConfigError);
+  });
+});

@@ -1,0 +1,50 @@
+import { spawnSync } from 'node:child_process';
+import { existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { hostname, tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { describe, expect, it } from 'vitest';
+import { acquireDataDirLock, DataDirLockedError } from './lock.js';
+
+const freshDir = () => mkdtempSync(join(tmpdir(), 'svc-lock-'));
+
+/** The pid of a process that has exited. */
+function deadPid(): number {
+  const child = spawnSync(process.execPath, ['-e', 'process.stdout.write(String(process.pid))']);
+  return Number(child.stdout.toString());
+}
+
+describe('the data-dir lock', () => {
+  it('is held until released, and refuses a second holder naming the first', () => {
+    const dir = freshDir();
+    const lock = acquireDataDirLock(dir);
+    expect(JSON.parse(readFileSync(join(dir, 'svc.lock'), 'utf8')).pid).toBe(process.pid);
+    expect(() => acquireDataDirLock(dir)).toThrow(DataDirLockedError);
+    expect(() => acquireDataDirLock(dir)).toThrow(new RegExp(`in use by process ${process.pid}`));
+    lock.release();
+    expect(existsSync(join(dir, 'svc.lock'))).toBe(false);
+    acquireDataDirLock(dir).release();
+  });
+
+  it('takes over a lock whose process is gone', () => {
+    const dir = freshDir();
+    writeFileSync(join(dir, 'svc.lock'), JSON.stringify({ pid: deadPid(), host: hostname(), startedAt: '2020-01-01T00:00:00Z' }));
+    const lock = acquireDataDirLock(dir);
+    expect(JSON.parse(readFileSync(join(dir, 'svc.lock'), 'utf8')).pid).toBe(process.pid);
+    lock.release();
+  });
+
+  it('refuses a lock held on another host, which it cannot check', () => {
+    const dir = freshDir();
+    writeFileSync(join(dir, 'svc.lock'), JSON.stringify({ pid: 12345, host: 'elsewhere', startedAt: '2020-01-01T00:00:00Z' }));
+    expect(() => acquireDataDirLock(dir)).toThrow(DataDirLockedError);
+  });
+
+  it('never removes a lock somebody else wrote after a takeover', () => {
+    const dir = freshDir();
+    const lock = acquireDataDirLock(dir);
+    const successor = JSON.stringify({ pid: 1, host: hostname(), startedAt: 'later' });
+    writeFileSync(join(dir, 'svc.lock'), successor);
+    lock.release();
+    expect(readFileSync(join(dir, 'svc.lock'), 'utf8')).toBe(successor);
+  });
+});
