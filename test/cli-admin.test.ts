@@ -1,0 +1,110 @@
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { createTestSchema, dropTestSchema, postgresUrl } from './support/db.js';
+import { killAll, runSvc, startSvcServer, urlWithSchema } from './support/processes.js';
+
+afterEach(() => killAll());
+
+type Store = { name: string; args: () => string[]; env: () => NodeJS.ProcessEnv };
+
+const stores: Store[] = [];
+let dataDir = '';
+let schema = '';
+stores.push({ name: 'the embedded database', args: () => ['--data-dir', dataDir], env: () => ({ DATABASE_URL: undefined }) });
+if (process.env.DATABASE_URL) {
+  stores.push({ name: 'PostgreSQL', args: () => [], env: () => ({ DATABASE_URL: urlWithSchema(postgresUrl(), schema) }) });
+}
+
+beforeAll(async () => {
+  dataDir = mkdtempSync(join(tmpdir(), 'svc-cli-'));
+  if (process.env.DATABASE_URL) schema = await createTestSchema();
+});
+afterAll(async () => {
+  if (schema) await dropTestSchema(schema);
+});
+
+describe.each(stores)('svc admin on $name', (store) => {
+  const svc = (...args: string[]) => runSvc([...args, ...store.args()], store.env());
+
+  it('manages workspaces and API keys end to end', async () => {
+    const created = await svc('admin', 'workspace', 'create', 'acme', '--plan', 'pro');
+    expect(created.code, created.stderr).toBe(0);
+    expect(created.stdout).toMatch(/Created workspace "acme" \(plan pro/);
+
+    const duplicate = await svc('admin', 'workspace', 'create', 'acme');
+    expect(duplicate.code).toBe(1);
+    expect(duplicate.stderr).toBe('svc: workspace "acme" already exists\n');
+    const badPlan = await svc('admin', 'workspace', 'create', 'other', '--plan', 'gold');
+    expect(badPlan.code).toBe(1);
+    expect(badPlan.stderr).toMatch(/^svc: plan must be one of free, pro, max\n$/);
+
+    const key = await svc('admin', 'api-key', 'create', '--workspace', 'acme', '--name', 'ci', '--expires-in', '7d');
+    expect(key.code, key.stderr).toBe(0);
+    const lines = key.stdout.trimEnd().split('\n');
+    const secret = lines[lines.length - 1]!;
+    expect(secret).toMatch(/^service_[A-Za-z0-9_-]{43}$/);
+    expect(key.stdout).toContain('expires');
+
+    const listed = await svc('admin', 'api-key', 'list', '--workspace', 'acme', '--json');
+    expect(listed.code).toBe(0);
+    const keys = JSON.parse(listed.stdout);
+    expect(keys).toHaveLength(1);
+    expect(keys[0]).toMatchObject({ name: 'ci', prefix: secret.slice(0, 14), revokedAt: null });
+    expect(listed.stdout).not.toContain(secret);
+    expect(JSON.stringify(keys)).not.toMatch(/hash/i);
+    const table = await svc('admin', 'api-key', 'list', '--workspace', 'acme');
+    expect(table.stdout).toMatch(/PREFIX .*STATUS/);
+    expect(table.stdout).toContain('active');
+    expect(table.stdout).not.toContain(secret);
+
+    // The key works against a server on the same store, until it is revoked.
+    const server = await startSvcServer(store.args(), store.env());
+    const before = await fetch(`${server.url}/api/v1/tasks`, { headers: { authorization: `Bearer ${secret}` } });
+    expect(before.status).toBe(200);
+    expect(await server.stop()).toBe(0);
+
+    const revoked = await svc('admin', 'api-key', 'revoke', secret.slice(0, 14), '--workspace', 'acme');
+    expect(revoked.code, revoked.stderr).toBe(0);
+    expect(revoked.stdout).toMatch(/^Revoked API key/);
+    const after = await startSvcServer(store.args(), store.env());
+    const refused = await fetch(`${after.url}/api/v1/tasks`, { headers: { authorization: `Bearer ${secret}` } });
+    expect(refused.status).toBe(401);
+    expect(await after.stop()).toBe(0);
+    const status = await svc('admin', 'api-key', 'list', '--workspace', 'acme');
+    expect(status.stdout).toContain('revoked');
+  });
+
+  it('answers bad input with one line and a non-zero exit', async () => {
+    const cases: Array<[string[], number, RegExp]> = [
+      [['admin', 'api-key', 'create', '--workspace', 'nope'], 1, /^svc: workspace "nope" does not exist\n$/],
+      [['admin', 'api-key', 'create', '--workspace', 'nope', '--expires-in', '7x'], 1, /^svc: expires-in must be/],
+      [['admin', 'api-key', 'revoke', 'service_zzzzzz', '--workspace', 'nope'], 1, /^svc: workspace "nope" does not exist\n$/],
+      [['admin', 'workspace', 'create', 'bad name!'], 1, /^svc: name must be/],
+    ];
+    for (const [args, code, stderr] of cases) {
+      const result = await svc(...args);
+      expect(result.code, args.join(' ')).toBe(code);
+      expect(result.stderr).toMatch(stderr);
+      expect(result.stderr.trim().split('\n')).toHaveLength(1);
+    }
+  });
+});
+
+describe('svc usage errors', () => {
+  it('exits 2 on an unknown command or a missing option', async () => {
+    const unknown = await runSvc(['admin', 'bogus']);
+    expect(unknown.code).toBe(2);
+    expect(unknown.stderr).toMatch(/unknown command 'bogus'/);
+    const missing = await runSvc(['admin', 'api-key', 'create']);
+    expect(missing.code).toBe(2);
+    expect(missing.stderr).toMatch(/--workspace/);
+  });
+
+  it('refuses an invalid configuration in one line', async () => {
+    const result = await runSvc(['server', '--port', 'eighty']);
+    expect(result.code).toBe(1);
+    expect(result.stderr).toMatch(/^svc: invalid configuration: port \(--port or SVC_PORT\)/);
+  });
+});
