@@ -35,6 +35,7 @@ import {
   listJobs,
   listTasks,
   lockTask,
+  readTaskView,
   updateJob,
   updateTask,
   type JobRow,
@@ -144,7 +145,7 @@ export async function createTask(db: Db, caller: Caller, body: CreateTaskBody): 
 }
 
 export async function getTask(db: Db, caller: Caller, idOrSlug: string): Promise<TaskView> {
-  const view = await findTaskView(db, caller.workspaceId, idOrSlug);
+  const view = await readTaskView(db, caller.workspaceId, idOrSlug);
   if (!view) throw taskNotFound();
   return view;
 }
@@ -186,7 +187,7 @@ export async function listTaskJobs(
   query: ListJobsQuery,
 ): Promise<{ rows: JobRow[]; nextCursor: string | null }> {
   const beforeSeq = decodeCursor('jobs', query.cursor);
-  const view = await findTaskView(db, caller.workspaceId, idOrSlug);
+  const view = await readTaskView(db, caller.workspaceId, idOrSlug);
   if (!view) throw taskNotFound();
   const { rows, hasMore } = await listJobs(db, view.task.id, { limit: query.limit, beforeSeq });
   const oldest = rows[0];

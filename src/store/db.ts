@@ -107,6 +107,17 @@ function openPostgres(location: Extract<StoreLocation, { driver: 'postgres' }>):
   };
 }
 
+/**
+ * Runs a hot raw statement as a named prepared statement (node-postgres prepares it once per connection,
+ * so PostgreSQL plans it once instead of on every request). `text` uses $1…$n placeholders.
+ * Outside a transaction only: it goes straight to the driver's client.
+ */
+export async function preparedRows<T>(db: Db, name: string, text: string, values: unknown[]): Promise<T[]> {
+  const client = (db as unknown as { $client: pg.Pool | PGlite }).$client;
+  if (client instanceof PGlite) return (await client.query<T>(text, values)).rows;
+  return (await client.query<T & pg.QueryResultRow>({ name, text, values })).rows;
+}
+
 /** Runs raw SQL and returns its rows; both drivers answer `{ rows }`. */
 export async function queryRows<T>(db: Db, query: SQL): Promise<T[]> {
   const result = (await db.execute(query)) as { rows: T[] };

@@ -8,7 +8,7 @@
  * sees the latest count, so the limit holds exactly under concurrency. Refused requests are not counted.
  */
 import { and, asc, eq, gte, lt, sql } from 'drizzle-orm';
-import { queryRows, type Db } from './db.js';
+import { preparedRows, type Db } from './db.js';
 import { rateLimitBuckets } from './schema.js';
 
 export interface RateLimits {
@@ -24,11 +24,11 @@ export type AuthOutcome =
 const MINUTE = 60;
 const HOUR = 3600;
 
-export async function authenticateAndCount(db: Db, keyHash: string, limits: RateLimits): Promise<AuthOutcome> {
-  const rows = await queryRows<{ id: string; workspace_id: string; bumped: number | null; now_s: string }>(db, sql`
+/** One statement, prepared once per connection: it runs on every authenticated request. */
+const AUTHENTICATE_AND_COUNT = `
     with k as (
       select id, workspace_id from api_keys
-      where key_hash = ${keyHash} and revoked_at is null and (expires_at is null or expires_at > now())
+      where key_hash = $1 and revoked_at is null and (expires_at is null or expires_at > now())
     ),
     -- Data-modifying CTEs run even when unread. lastUsedAt is kept to the minute, which spares the
     -- key row a write (and its lock) on every request.
@@ -48,14 +48,22 @@ export async function authenticateAndCount(db: Db, keyHash: string, limits: Rate
     bump as (
       insert into rate_limit_buckets as r (key_id, second, count)
       select k.id, c.s, 1 from k, clock c, prev p
-      where p.minute < ${limits.perMinute} and p.hour < ${limits.perHour}
+      where p.minute < $2::int and p.hour < $3::int
       on conflict (key_id, second) do update set count = r.count + 1
-      where r.count + (select minute from prev) < ${limits.perMinute}
-        and r.count + (select hour from prev) < ${limits.perHour}
+      where r.count + (select minute from prev) < $2::int
+        and r.count + (select hour from prev) < $3::int
       returning r.count
     )
     select k.id, k.workspace_id, (select count from bump) as bumped, (select s from clock)::text as now_s
-    from k`);
+    from k`;
+
+export async function authenticateAndCount(db: Db, keyHash: string, limits: RateLimits): Promise<AuthOutcome> {
+  const rows = await preparedRows<{ id: string; workspace_id: string; bumped: number | null; now_s: string }>(
+    db,
+    'svc_authenticate_and_count',
+    AUTHENTICATE_AND_COUNT,
+    [keyHash, limits.perMinute, limits.perHour],
+  );
   const row = rows[0];
   if (!row) return { kind: 'unauthorized' };
   if (row.bumped !== null && row.bumped !== undefined) {

@@ -21,18 +21,47 @@ function byIdOrSlug(workspaceId: string, idOrSlug: string) {
   return and(eq(tasks.workspaceId, workspaceId), isUuid(idOrSlug) ? eq(tasks.id, idOrSlug.toLowerCase()) : eq(tasks.slug, idOrSlug));
 }
 
-/** The task with its pull requests and latest job, in one query. */
-export async function findTaskView(db: Db, workspaceId: string, idOrSlug: string): Promise<TaskView | null> {
-  const row = await db.query.tasks.findFirst({
-    where: byIdOrSlug(workspaceId, idOrSlug),
-    with: {
-      jobs: { orderBy: [desc(jobs.seq)], limit: 1 },
-      pullRequests: { orderBy: [asc(pullRequests.createdAt), asc(pullRequests.prNumber)] },
-    },
-  });
+const taskViewRelations = {
+  jobs: { orderBy: [desc(jobs.seq)], limit: 1 },
+  pullRequests: { orderBy: [asc(pullRequests.createdAt), asc(pullRequests.prNumber)] },
+};
+
+function toView(row: (TaskRow & { jobs: JobRow[]; pullRequests: PullRequestRow[] }) | undefined): TaskView | null {
   if (!row) return null;
   const { jobs: latest, pullRequests: prs, ...task } = row;
   return { task, prs, latestJob: latest[0] ?? null };
+}
+
+/** The task with its pull requests and latest job, in one query (also inside a transaction). */
+export async function findTaskView(db: Db, workspaceId: string, idOrSlug: string): Promise<TaskView | null> {
+  return toView(await db.query.tasks.findFirst({ where: byIdOrSlug(workspaceId, idOrSlug), with: taskViewRelations }));
+}
+
+function prepareTaskView(db: Db, by: 'id' | 'slug') {
+  const key = by === 'id' ? tasks.id : tasks.slug;
+  return db.query.tasks
+    .findFirst({
+      where: and(eq(tasks.workspaceId, sql.placeholder('workspaceId')), eq(key, sql.placeholder('key'))),
+      with: taskViewRelations,
+    })
+    .prepare(`svc_task_view_by_${by}`);
+}
+
+const preparedTaskViews = new WeakMap<Db, Record<'id' | 'slug', ReturnType<typeof prepareTaskView>>>();
+
+/**
+ * findTaskView as a prepared statement, planned once per connection: for the read path of every
+ * request that names a task. Not for use inside a transaction.
+ */
+export async function readTaskView(db: Db, workspaceId: string, idOrSlug: string): Promise<TaskView | null> {
+  let prepared = preparedTaskViews.get(db);
+  if (!prepared) {
+    prepared = { id: prepareTaskView(db, 'id'), slug: prepareTaskView(db, 'slug') };
+    preparedTaskViews.set(db, prepared);
+  }
+  const uuid = isUuid(idOrSlug);
+  const row = await prepared[uuid ? 'id' : 'slug'].execute({ workspaceId, key: uuid ? idOrSlug.toLowerCase() : idOrSlug });
+  return toView(row as Parameters<typeof toView>[0]);
 }
 
 /** Locks the task row for the rest of the transaction; actions on one task serialise on it. */
