@@ -4,6 +4,7 @@ export default defineConfig({
   test: {
     include: ['src/**/*.test.ts', 'test/**/*.test.ts'],
     globalSetup: ['test/support/global-setup.ts'],
+    reporters: ['default', './test/support/summary-reporter.ts'],
     pool: 'forks',
     maxWorkers: 2,
     testTimeout: 30_000,
