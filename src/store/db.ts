@@ -5,7 +5,7 @@
  */
 import { join } from 'node:path';
 import { PGlite } from '@electric-sql/pglite';
-import type { ExtractTablesWithRelations, SQL } from 'drizzle-orm';
+import { sql, type ExtractTablesWithRelations, type SQL } from 'drizzle-orm';
 import { drizzle as drizzlePglite } from 'drizzle-orm/pglite';
 import { drizzle as drizzlePg } from 'drizzle-orm/node-postgres';
 import type { PgDatabase, PgQueryResultHKT } from 'drizzle-orm/pg-core';
@@ -28,6 +28,11 @@ export interface Database {
   /** Answers when the database takes a trivial query; used by /readyz. */
   ping(): Promise<void>;
   close(): Promise<void>;
+  /**
+   * Calls `handler` with the payload of every NOTIFY on `channel` (sent with `notify`, delivered when the
+   * sending transaction commits). Resolves once listening; the returned function stops it.
+   */
+  listen(channel: string, handler: (payload: string) => void): Promise<() => Promise<void>>;
   /** PGlite only: the data dir as a tarball (tests start copies from it). */
   snapshot?(): Promise<Blob>;
 }
@@ -69,6 +74,12 @@ async function openPglite(dataDir: string | null, snapshot?: Blob): Promise<Data
     async ping() {
       await client.query('select 1');
     },
+    async listen(channel, handler) {
+      const stop = await client.listen(channel, handler);
+      return async () => {
+        if (!client.closed) await stop();
+      };
+    },
     /** A tarball of the whole data dir, to open copies of this database from. */
     async snapshot() {
       return client.dumpDataDir('none');
@@ -93,18 +104,96 @@ function openPostgres(location: Extract<StoreLocation, { driver: 'postgres' }>):
   pool.on('error', () => undefined);
   const db = drizzlePg({ client: pool, schema }) as unknown as Db;
   let closed = false;
+  const listeners = new Set<NotificationListener>();
   return {
     db,
     driver: 'postgres',
+    async listen(channel, handler) {
+      const listener = new NotificationListener(location.url, channel, handler);
+      await listener.start();
+      listeners.add(listener);
+      return async () => {
+        listeners.delete(listener);
+        await listener.stop();
+      };
+    },
     async ping() {
       await pool.query('select 1');
     },
     async close() {
       if (closed) return;
       closed = true;
+      await Promise.all([...listeners].map((listener) => listener.stop()));
       await pool.end();
     },
   };
+}
+
+/**
+ * A dedicated connection that LISTENs on one channel (a pooled connection cannot: LISTEN belongs to its
+ * session). A lost connection is reopened after a second; notifications sent meanwhile are lost, so
+ * callers also poll now and then.
+ */
+class NotificationListener {
+  private client: pg.Client | null = null;
+  private stopped = false;
+  private retry: NodeJS.Timeout | null = null;
+
+  constructor(
+    private readonly url: string,
+    private readonly channel: string,
+    private readonly handler: (payload: string) => void,
+  ) {}
+
+  async start(): Promise<void> {
+    const client = new pg.Client({ connectionString: this.url });
+    client.on('notification', (message) => {
+      if (message.channel === this.channel) this.handler(message.payload ?? '');
+    });
+    client.on('error', () => this.lost(client));
+    client.on('end', () => this.lost(client));
+    try {
+      await client.connect();
+      await client.query(`listen "${this.channel.replace(/"/g, '""')}"`);
+    } catch (error) {
+      client.end().catch(() => undefined);
+      throw error;
+    }
+    if (this.stopped) {
+      await client.end().catch(() => undefined);
+      return;
+    }
+    this.client = client;
+  }
+
+  private lost(client: pg.Client): void {
+    if (this.client !== client) return;
+    this.client = null;
+    client.end().catch(() => undefined);
+    this.scheduleRetry();
+  }
+
+  private scheduleRetry(): void {
+    if (this.stopped || this.retry) return;
+    this.retry = setTimeout(() => {
+      this.retry = null;
+      if (!this.stopped) this.start().catch(() => this.scheduleRetry());
+    }, 1000);
+    this.retry.unref();
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true;
+    if (this.retry) clearTimeout(this.retry);
+    const client = this.client;
+    this.client = null;
+    await client?.end().catch(() => undefined);
+  }
+}
+
+/** Sends a notification; inside a transaction it is delivered when the transaction commits. */
+export async function notify(db: Db, channel: string, payload = ''): Promise<void> {
+  await db.execute(sql`select pg_notify(${channel}, ${payload})`);
 }
 
 /**

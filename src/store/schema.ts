@@ -177,6 +177,9 @@ export const jobs = pgTable(
     error: text('error'),
     /** Execution generation: bumped on every claim so a late report from an earlier one is refused. */
     generation: integer('generation').notNull().default(0),
+    /** The executor holding the job and until when; an expired lease means the executor is gone. */
+    leaseOwner: text('lease_owner'),
+    leaseExpiresAt: optionalTime('lease_expires_at'),
     createdAt: createdAt(),
     startedAt: optionalTime('started_at'),
     completedAt: optionalTime('completed_at'),
@@ -185,6 +188,7 @@ export const jobs = pgTable(
   (t) => [
     index('jobs_task_seq_idx').on(t.taskId, t.seq),
     index('jobs_pending_idx').on(t.seq).where(sql`${t.status} = 'PENDING'`),
+    index('jobs_lease_idx').on(t.leaseExpiresAt).where(sql`${t.status} = 'IN_PROGRESS'`),
   ],
 );
 

@@ -2,7 +2,7 @@
 import { and, asc, desc, eq, inArray, isNotNull, isNull, lt, sql } from 'drizzle-orm';
 import type { ParsedFile } from '../domain/files.js';
 import { isUuid } from '../domain/slugs.js';
-import type { Db } from './db.js';
+import { notify, type Db } from './db.js';
 import { jobs, messageFiles, messages, pullRequests, tasks } from './schema.js';
 
 export type TaskRow = typeof tasks.$inferSelect;
@@ -154,9 +154,14 @@ export async function insertMessage(
   return message;
 }
 
+/** The channel executors LISTEN on; a NOTIFY on it means a job may have become runnable. */
+export const JOBS_CHANNEL = 'svc_jobs';
+
+/** Inserts a job; a pending one wakes the executors when the transaction commits. */
 export async function insertJob(tx: Db, values: NewJob): Promise<JobRow> {
   const [row] = await tx.insert(jobs).values(values).returning();
   if (!row) throw new Error('insert returned no row');
+  if (row.status === 'PENDING') await notify(tx, JOBS_CHANNEL, row.id);
   return row;
 }
 
