@@ -298,4 +298,10 @@ export async function archiveTask(db: Db, caller: Caller, idOrSlug: string): Pro
   });
 }
 
+/** Whether the task has a queued or running job (a log stream that follows it stays open while so). */
+export async function isTaskActive(db: Db, caller: Caller, taskId: string): Promise<boolean> {
+  const view = await readTaskView(db, caller.workspaceId, taskId);
+  return view !== null && (view.task.status === 'PENDING' || view.task.status === 'IN_PROGRESS');
+}
+
 export type { ParsedFile };

@@ -155,6 +155,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/tasks/{taskIdOrSlug}/logs": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Stream the task's journal as Server-Sent Events
+         * @description Each SSE message has `id` (journal id; resume with `Last-Event-ID`) and JSON `data` `{ jobId, sequence, kind, data, createdAt }`. The stream ends with `event: end`: at once without `follow`, or once the task has no queued or running job.
+         */
+        get: operations["streamTaskLogs"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -1290,6 +1310,84 @@ export interface operations {
             };
             /** @description `conflict`: the task is not in a state that allows this */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description `rate_limited`: over 100 requests per minute or 1,000 per hour for this key; see `Retry-After` */
+            429: {
+                headers: {
+                    /** @description Seconds to wait before the next request is accepted */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description `internal_error`: server failure */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    streamTaskLogs: {
+        parameters: {
+            query?: {
+                /** @description Keep the stream open until the task is idle */
+                follow?: "0" | "1" | "true" | "false";
+                /** @description Resume after this event id (the `Last-Event-ID` header does the same) */
+                lastEventId?: string;
+            };
+            header?: {
+                /** @description Resume after this event id, as EventSource sends it on reconnect */
+                "last-event-id"?: string;
+            };
+            path: {
+                /** @description Task UUID or slug */
+                taskIdOrSlug: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Server-Sent Events */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/event-stream": string;
+                };
+            };
+            /** @description `validation_error`: the request is invalid; `details.issues` lists `{ field, message }` */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description `unauthorized`: invalid or missing API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description `not_found`: no such task in the key's workspace */
+            404: {
                 headers: {
                     [name: string]: unknown;
                 };

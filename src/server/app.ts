@@ -17,6 +17,8 @@ import type { Database } from '../store/db.js';
 import type { RateLimits } from '../store/rate-limit.js';
 import { makeAuthenticator } from './auth.js';
 import { installErrorHandling } from './errors.js';
+import { EventHub } from './event-hub.js';
+import { logRoutes } from './rest/logs.js';
 import { routingRoutes } from './rest/routing.js';
 import { taskRoutes } from './rest/tasks.js';
 import { AppError } from '../domain/errors.js';
@@ -33,6 +35,24 @@ export interface ServerOptions {
 }
 
 const REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/;
+
+/** Moves a response schema marked `x-media-type` from application/json to that media type. */
+function documentMediaTypes<T>(document: T): T {
+  type Media = Record<string, { schema?: Record<string, unknown> }>;
+  const paths = (document as { paths?: Record<string, Record<string, { responses?: Record<string, { content?: Media }> }>> }).paths;
+  for (const operations of Object.values(paths ?? {})) {
+    for (const operation of Object.values(operations)) {
+      for (const response of Object.values(operation.responses ?? {})) {
+        const schema = response.content?.['application/json']?.schema;
+        const mediaType = schema?.['x-media-type'];
+        if (typeof mediaType !== 'string' || !schema) continue;
+        const { 'x-media-type': _marker, ...rest } = schema;
+        response.content = { [mediaType]: { schema: rest } };
+      }
+    }
+  }
+  return document;
+}
 
 /** Adds the `Retry-After` header to every documented 429 answer. */
 function documentRetryAfter<T>(document: T): T {
@@ -67,6 +87,9 @@ export async function buildServer(options: ServerOptions): Promise<FastifyInstan
     bodyLimit: 1024 * 1024,
     return503OnClosing: true,
   }).withTypeProvider<ZodTypeProvider>();
+
+  const hub = new EventHub(options.database);
+  app.addHook('onClose', async () => hub.close());
 
   app.setValidatorCompiler(validatorCompiler);
   app.setSerializerCompiler(serializerCompiler);
@@ -109,7 +132,7 @@ export async function buildServer(options: ServerOptions): Promise<FastifyInstan
       ],
     },
     transform: jsonSchemaTransform,
-    transformObject: (input) => documentRetryAfter(jsonSchemaTransformObject(input)),
+    transformObject: (input) => documentMediaTypes(documentRetryAfter(jsonSchemaTransformObject(input))),
   });
 
   app.get('/healthz', { schema: { hide: true } }, async () => ({ status: 'ok' }));
@@ -139,6 +162,7 @@ export async function buildServer(options: ServerOptions): Promise<FastifyInstan
         const deps = { db: options.database.db, publicUrl: options.publicUrl };
         await secured.register(taskRoutes, deps);
         await secured.register(routingRoutes, deps);
+        await secured.register(logRoutes, { db: options.database.db, hub });
       });
     },
     { prefix: API_PREFIX },

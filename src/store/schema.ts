@@ -9,6 +9,7 @@ import {
   customType,
   index,
   integer,
+  jsonb,
   pgTable,
   primaryKey,
   text,
@@ -247,3 +248,24 @@ export const messagesRelations = relations(messages, ({ one, many }) => ({
 export const messageFilesRelations = relations(messageFiles, ({ one }) => ({
   message: one(messages, { fields: [messageFiles.messageId], references: [messages.id] }),
 }));
+
+/**
+ * The job journal: every run's events, in order, stored once. `sequence` counts per job from 1; `id`
+ * orders the whole journal (a task's jobs run one at a time, so it is also each task's commit order) and
+ * is the SSE event id of the logs stream. `digest` is the SHA-256 of the event as it was submitted, so
+ * a retried batch can be checked for identical content.
+ */
+export const jobEvents = pgTable(
+  'job_events',
+  {
+    id: bigint('id', { mode: 'number' }).primaryKey().generatedAlwaysAsIdentity(),
+    jobId: uuid('job_id').notNull().references(() => jobs.id, { onDelete: 'cascade' }),
+    taskId: uuid('task_id').notNull().references(() => tasks.id, { onDelete: 'cascade' }),
+    sequence: integer('sequence').notNull(),
+    kind: text('kind').notNull(),
+    data: jsonb('data').notNull(),
+    digest: text('digest').notNull(),
+    createdAt: createdAt(),
+  },
+  (t) => [uniqueIndex('job_events_job_sequence_key').on(t.jobId, t.sequence), index('job_events_task_id_idx').on(t.taskId, t.id)],
+);

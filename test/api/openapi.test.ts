@@ -14,6 +14,7 @@ const OPERATIONS = [
   'POST /api/v1/tasks/{taskIdOrSlug}/approve-plan',
   'POST /api/v1/tasks/{taskIdOrSlug}/cancel',
   'POST /api/v1/tasks/{taskIdOrSlug}/archive',
+  'GET /api/v1/tasks/{taskIdOrSlug}/logs',
   'GET /api/v1/routing-configs',
   'PUT /api/v1/routing-configs/{name}',
   'DELETE /api/v1/routing-configs/{name}',
