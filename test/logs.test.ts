@@ -1,7 +1,7 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { finishJob, startJob } from '../src/engine/jobs.js';
 import { appendEvents } from '../src/store/journal.js';
-import { startTestApi, type Tenant, type TestApi } from './support/api.js';
+import { useTestApi, type Tenant, type TestApi } from './support/api.js';
 import { testDrivers } from './support/db.js';
 
 interface SseMessage {
@@ -32,13 +32,7 @@ describe.each(testDrivers)('the job journal and the logs stream on %s', (driver)
   let tenant: Tenant;
   const db = () => api.db.database.db;
 
-  beforeAll(async () => {
-    api = await startTestApi(driver);
-    tenant = await api.newTenant();
-  });
-  afterAll(async () => {
-    await api?.close();
-  });
+  useTestApi(driver, (ready) => ({ api, tenant } = ready));
 
   async function runningTask() {
     const { task, job } = (await tenant.request('POST', '/api/v1/tasks', { command: 'log me' })).json();

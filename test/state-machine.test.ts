@@ -1,25 +1,19 @@
 /** Every move the state machines do not allow is refused by the store's conditional updates. */
 import { eq } from 'drizzle-orm';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { JOB_TRANSITIONS, jobStatesInto, TASK_TRANSITIONS, taskStatesInto } from '../src/domain/states.js';
 import { finishJob, StaleGenerationError, startJob } from '../src/engine/jobs.js';
 import { JobStatus, TaskStatus } from '../src/protocol/rest.js';
 import { jobs, tasks } from '../src/store/schema.js';
 import { updateJob, updateTask } from '../src/store/tasks.js';
-import { startTestApi, type Tenant, type TestApi } from './support/api.js';
+import { useTestApi, type Tenant, type TestApi } from './support/api.js';
 import { testDrivers } from './support/db.js';
 
 describe.each(testDrivers)('state machines in the store on %s', (driver) => {
   let api: TestApi;
   let tenant: Tenant;
   const db = () => api.db.database.db;
-  beforeAll(async () => {
-    api = await startTestApi(driver);
-    tenant = await api.newTenant();
-  });
-  afterAll(async () => {
-    await api?.close();
-  });
+  useTestApi(driver, (ready) => ({ api, tenant } = ready));
 
   async function newTask() {
     const { task, job } = (await tenant.request('POST', '/api/v1/tasks', { command: 'state' })).json();

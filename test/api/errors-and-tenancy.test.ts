@@ -1,8 +1,8 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { buildServer } from '../../src/server/app.js';
 import { createApiKey, revokeApiKey } from '../../src/store/api-keys.js';
-import { startTestApi, type Tenant, type TestApi } from '../support/api.js';
+import { useTestApi, type Tenant, type TestApi } from '../support/api.js';
 import { openTestDatabase, testDrivers } from '../support/db.js';
 
 const UNAUTHORIZED = { error: { code: 'unauthorized', message: 'Invalid or missing API key' } };
@@ -10,13 +10,7 @@ const UNAUTHORIZED = { error: { code: 'unauthorized', message: 'Invalid or missi
 describe.each(testDrivers)('errors on %s', (driver) => {
   let api: TestApi;
   let t: Tenant;
-  beforeAll(async () => {
-    api = await startTestApi(driver);
-    t = await api.newTenant();
-  });
-  afterAll(async () => {
-    await api?.close();
-  });
+  useTestApi(driver, (ready) => ({ api, tenant: t } = ready));
 
   it('answers 401 for every kind of bad credential', async () => {
     const db = api.db.database.db;
@@ -159,12 +153,7 @@ describe.each(testDrivers)('failures inside the server on %s', (driver) => {
 
 describe.each(testDrivers)('tenant isolation on %s', (driver) => {
   let api: TestApi;
-  beforeAll(async () => {
-    api = await startTestApi(driver);
-  });
-  afterAll(async () => {
-    await api?.close();
-  });
+  useTestApi(driver, (ready) => ({ api } = ready));
 
   it('hides every task and routing config of one workspace from another', async () => {
     const owner = await api.newTenant();
@@ -206,15 +195,8 @@ describe.each(testDrivers)('tenant isolation on %s', (driver) => {
 });
 
 describe.each(testDrivers)('routing configs on %s', (driver) => {
-  let api: TestApi;
   let t: Tenant;
-  beforeAll(async () => {
-    api = await startTestApi(driver);
-    t = await api.newTenant();
-  });
-  afterAll(async () => {
-    await api?.close();
-  });
+  useTestApi(driver, (ready) => ({ tenant: t } = ready));
 
   it('starts with an undeletable default of agent mode and medium effort', async () => {
     const { routingConfigs } = (await t.request('GET', '/api/v1/routing-configs')).json();

@@ -1,21 +1,16 @@
 import { sql } from 'drizzle-orm';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { createApiKey } from '../../src/store/api-keys.js';
 import { queryRows } from '../../src/store/db.js';
 import { pruneRateLimitBuckets } from '../../src/store/rate-limit.js';
 import { rateLimitBuckets } from '../../src/store/schema.js';
-import { startTestApi, type Tenant, type TestApi } from '../support/api.js';
+import { useTestApi, type Tenant, type TestApi } from '../support/api.js';
 import { testDrivers } from '../support/db.js';
 
 describe.each(testDrivers)('rate limits on %s', (driver) => {
   let api: TestApi;
   const db = () => api.db.database.db;
-  beforeAll(async () => {
-    api = await startTestApi(driver, { rateLimits: { perMinute: 100, perHour: 1000 } });
-  });
-  afterAll(async () => {
-    await api?.close();
-  });
+  useTestApi(driver, (ready) => ({ api } = ready), { rateLimits: { perMinute: 100, perHour: 1000 } });
 
   async function now(): Promise<number> {
     const [row] = await queryRows<{ s: string }>(db(), sql`select floor(extract(epoch from clock_timestamp()))::bigint::text as s`);
@@ -125,12 +120,7 @@ describe.each(testDrivers)('rate limits on %s', (driver) => {
 
 describe.each(testDrivers)('pagination on %s', (driver) => {
   let api: TestApi;
-  beforeAll(async () => {
-    api = await startTestApi(driver);
-  });
-  afterAll(async () => {
-    await api?.close();
-  });
+  useTestApi(driver, (ready) => ({ api } = ready));
 
   async function walk(tenant: Tenant, path: string, limit: number, key: 'tasks' | 'jobs') {
     const pages: string[][] = [];

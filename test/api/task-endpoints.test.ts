@@ -1,9 +1,9 @@
 import { eq } from 'drizzle-orm';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { finishJob, startJob } from '../../src/engine/jobs.js';
 import { jobs } from '../../src/store/schema.js';
 import { listMessages, upsertPullRequests } from '../../src/store/tasks.js';
-import { DEFAULT_AGENT, startTestApi, TEST_PUBLIC_URL, type Tenant, type TestApi } from '../support/api.js';
+import { DEFAULT_AGENT, TEST_PUBLIC_URL, useTestApi, type Tenant, type TestApi } from '../support/api.js';
 import { testDrivers } from '../support/db.js';
 
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
@@ -14,13 +14,7 @@ describe.each(testDrivers)('task endpoints on %s', (driver) => {
   let t: Tenant;
   const db = () => api.db.database.db;
 
-  beforeAll(async () => {
-    api = await startTestApi(driver);
-    t = await api.newTenant();
-  });
-  afterAll(async () => {
-    await api?.close();
-  });
+  useTestApi(driver, (ready) => ({ api, tenant: t } = ready));
 
   async function create(body: Record<string, unknown>, tenant: Tenant = t) {
     const response = await tenant.request('POST', '/api/v1/tasks', body);

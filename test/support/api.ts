@@ -1,6 +1,7 @@
 /** An in-process API server on a real database, with helpers to make tenants (workspace + key). */
 import { randomBytes } from 'node:crypto';
 import type { FastifyInstance, InjectOptions, LightMyRequestResponse } from 'fastify';
+import { afterAll, beforeAll } from 'vitest';
 import { buildServer } from '../../src/server/app.js';
 import { createApiKey } from '../../src/store/api-keys.js';
 import { createWorkspace, type Workspace } from '../../src/store/workspaces.js';
@@ -59,4 +60,23 @@ export async function startTestApi(
       await db.close();
     },
   };
+}
+
+/**
+ * Starts a test API with a first tenant before the enclosing describe block's tests and closes it after;
+ * `ready` hands both to the block: `useTestApi(driver, (ready) => ({ api, tenant } = ready))`.
+ */
+export function useTestApi(
+  driver: TestDriver,
+  ready: (context: { api: TestApi; tenant: Tenant }) => void,
+  options: { rateLimits?: RateLimits } = {},
+): void {
+  let api: TestApi | undefined;
+  beforeAll(async () => {
+    api = await startTestApi(driver, options);
+    ready({ api, tenant: await api.newTenant() });
+  });
+  afterAll(async () => {
+    await api?.close();
+  });
 }
