@@ -6,7 +6,10 @@ const [major, minor] = process.versions.node.split('.').map(Number);
 if (major < 20 || (major === 20 && minor < 19)) {
   problems.push(`Node ${process.versions.node} is too old: svc needs Node >= 20.19`);
 }
-const tools = [{ command: 'git', args: ['--version'], install: 'apt-get install -y git' }];
+const tools = [
+  { command: 'git', args: ['--version'], install: 'apt-get install -y git' },
+  { command: 'bwrap', args: ['--version'], install: 'apt-get install -y bubblewrap' },
+];
 for (const tool of tools) {
   try {
     execFileSync(tool.command, tool.args, { stdio: 'ignore' });
