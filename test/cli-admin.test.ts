@@ -40,6 +40,13 @@ describe.each(stores)('svc admin on $name', (store) => {
     expect(badPlan.code).toBe(1);
     expect(badPlan.stderr).toMatch(/^svc: plan must be one of free, pro, max\n$/);
 
+    const granted = await svc('admin', 'credits', 'grant', '2.5', '--workspace', 'acme');
+    expect(granted.code, granted.stderr).toBe(0);
+    expect(granted.stdout).toBe('Granted 2.500000 credits to "acme"; balance 102.500000\n');
+    const badGrant = await svc('admin', 'credits', 'grant', 'lots', '--workspace', 'acme');
+    expect(badGrant.code).toBe(1);
+    expect(badGrant.stderr).toMatch(/^svc: amount must be a positive number/);
+
     const key = await svc('admin', 'api-key', 'create', '--workspace', 'acme', '--name', 'ci', '--expires-in', '7d');
     expect(key.code, key.stderr).toBe(0);
     const lines = key.stdout.trimEnd().split('\n');

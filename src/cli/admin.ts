@@ -1,6 +1,7 @@
 /** `svc admin`: operator bootstrap commands that work directly on the store. */
 import type { Command } from 'commander';
 import { admin, withStore } from '../main.js';
+import { formatCredits } from '../domain/pricing.js';
 import { table } from './output.js';
 import { addStoreOptions, configFrom } from './store-options.js';
 
@@ -28,6 +29,25 @@ export function registerAdmin(program: Command): void {
       const rows = await withStore(configFrom(rest), (database) => admin.listWorkspaces(database.db));
       if (json) return void process.stdout.write(`${JSON.stringify(rows, null, 2)}\n`);
       process.stdout.write(table(rows.map((row) => ({ name: row.name, plan: row.plan, id: row.id, created: when(row.createdAt) }))));
+    },
+  );
+
+  const credits = root.command('credits').description("manage a workspace's model-compute credits (1 credit = 1 USD)");
+  addStoreOptions(
+    credits
+      .command('grant <amount>')
+      .description('add credits to a workspace, e.g. 25 or 2.5')
+      .requiredOption('--workspace <name>', 'workspace'),
+  ).action(async (amount: string, options: { workspace: string } & Record<string, unknown>) => {
+    const { workspace: name, ...rest } = options;
+    const result = await withStore(configFrom(rest), (database) => admin.grantCredits(database.db, name, amount));
+    process.stdout.write(`Granted ${formatCredits(result.grantedMicro)} credits to "${name}"; balance ${formatCredits(result.balanceMicro)}\n`);
+  });
+  addStoreOptions(credits.command('balance').description("show a workspace's credit balance").requiredOption('--workspace <name>', 'workspace')).action(
+    async (options: { workspace: string } & Record<string, unknown>) => {
+      const { workspace: name, ...rest } = options;
+      const balance = await withStore(configFrom(rest), (database) => admin.workspaceCredits(database.db, name));
+      process.stdout.write(`${formatCredits(balance)}\n`);
     },
   );
 

@@ -2,6 +2,8 @@
 import { parseDuration } from '../domain/api-keys.js';
 import { ConflictError, NotFoundError, ValidationError } from '../domain/errors.js';
 import type { Db } from '../store/db.js';
+import { parseCredits } from '../domain/pricing.js';
+import { addCredits, creditBalance } from '../store/credits.js';
 import { createApiKey, listApiKeys, revokeApiKey, type ApiKeyRecord } from '../store/api-keys.js';
 import { createWorkspace, findWorkspaceByName, listWorkspaces, type Workspace, type WorkspacePlan } from '../store/workspaces.js';
 
@@ -52,6 +54,18 @@ export async function removeApiKey(db: Db, workspaceName: string, idOrPrefix: st
 }
 
 export { listWorkspaces };
+
+export async function grantCredits(db: Db, workspaceName: string, amount: string): Promise<{ grantedMicro: number; balanceMicro: number }> {
+  const micro = parseCredits(amount);
+  if (micro === null) throw ValidationError.field('amount', 'must be a positive number of credits with at most six decimals, e.g. 25 or 2.5');
+  const workspace = await requireWorkspace(db, workspaceName);
+  await addCredits(db, { workspaceId: workspace.id, amountMicro: micro, kind: 'grant', description: 'granted by an operator' });
+  return { grantedMicro: micro, balanceMicro: await creditBalance(db, workspace.id) };
+}
+
+export async function workspaceCredits(db: Db, workspaceName: string): Promise<number> {
+  return creditBalance(db, (await requireWorkspace(db, workspaceName)).id);
+}
 
 /**
  * On a database with no workspace at all, creates `default` and its first API key. Two processes

@@ -269,3 +269,24 @@ export const jobEvents = pgTable(
   },
   (t) => [uniqueIndex('job_events_job_sequence_key').on(t.jobId, t.sequence), index('job_events_task_id_idx').on(t.taskId, t.id)],
 );
+
+/**
+ * The credit ledger: allowances and grants add, model usage subtracts; a workspace's balance is the sum.
+ * Amounts are micro-credits (1 credit = 1 USD = 1,000,000).
+ */
+export const creditEntries = pgTable(
+  'credit_entries',
+  {
+    id: uuid('id').primaryKey().defaultRandom(),
+    workspaceId: uuid('workspace_id').notNull().references(() => workspaces.id, { onDelete: 'cascade' }),
+    jobId: uuid('job_id').references(() => jobs.id, { onDelete: 'set null' }),
+    kind: text('kind', { enum: ['allowance', 'grant', 'usage'] }).notNull(),
+    amountMicro: bigint('amount_micro', { mode: 'number' }).notNull(),
+    agent: text('agent'),
+    inputTokens: integer('input_tokens'),
+    outputTokens: integer('output_tokens'),
+    description: text('description'),
+    createdAt: createdAt(),
+  },
+  (t) => [index('credit_entries_workspace_idx').on(t.workspaceId), index('credit_entries_job_idx').on(t.jobId)],
+);

@@ -1,13 +1,14 @@
 import { asc, eq } from 'drizzle-orm';
 import { DEFAULT_ROUTING, DEFAULT_ROUTING_NAME } from '../domain/routing.js';
 import type { Db } from './db.js';
-import { routingConfigs, workspaces } from './schema.js';
+import { creditEntries, routingConfigs, workspaces } from './schema.js';
+import { MICRO, PLAN_ALLOWANCE } from '../domain/pricing.js';
 
 export type WorkspacePlan = 'free' | 'pro' | 'max';
 export type Workspace = typeof workspaces.$inferSelect;
 
 /**
- * Creates a workspace with its undeletable `default` routing config. Returns null when the name is taken,
+ * Creates a workspace with its undeletable `default` routing config and its plan's first allowance. Returns null when the name is taken,
  * which is also how two processes bootstrapping one fresh database agree on a single winner.
  */
 export async function createWorkspace(
@@ -27,6 +28,12 @@ export async function createWorkspace(
       mode: DEFAULT_ROUTING.mode,
       effort: DEFAULT_ROUTING.effort,
       agent: input.defaultAgent,
+    });
+    await tx.insert(creditEntries).values({
+      workspaceId: workspace.id,
+      kind: 'allowance',
+      amountMicro: PLAN_ALLOWANCE[workspace.plan] * MICRO,
+      description: `${workspace.plan} plan allowance`,
     });
     return workspace;
   });
