@@ -1,0 +1,44 @@
+/** The agent's workspace operations, each run as a command inside the sandboxed fork. */
+import { posix } from 'node:path';
+import type { Fork } from '../sandbox/fork.js';
+import type { Workspace } from './types.js';
+
+const FILE_TIMEOUT_MS = 30_000;
+
+/** Keeps a path inside /workspace: relative, normalized, never above the root. */
+export function workspacePath(path: string): string {
+  const normalized = posix.normalize(path.trim() || '.');
+  if (posix.isAbsolute(normalized) || normalized === '..' || normalized.startsWith('../')) {
+    throw new Error(`path ${path} is outside /workspace`);
+  }
+  return normalized;
+}
+
+export function forkWorkspace(fork: Fork, options: { network: boolean }): Workspace {
+  const run = async (argv: string[], stdin?: string, timeoutMs = FILE_TIMEOUT_MS) => {
+    const result = await fork.run(argv, { timeoutMs, network: options.network, ...(stdin === undefined ? {} : { stdin }) });
+    return result;
+  };
+  const checked = async (argv: string[], stdin?: string) => {
+    const result = await run(argv, stdin);
+    if (result.exitCode !== 0) throw new Error((result.stderr || result.stdout).trim() || `exit code ${result.exitCode}`);
+    return result.stdout;
+  };
+  return {
+    listFiles: (path) => checked(['find', workspacePath(path), '-maxdepth', '2', '-not', '-path', '*/.git/*', '-not', '-name', '.git']),
+    readFile: (path) => checked(['cat', '--', workspacePath(path)]),
+    async writeFile(path, content) {
+      await checked(['sh', '-c', 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"', 'sh', workspacePath(path)], content);
+    },
+    async search(pattern, path) {
+      const result = await run(['grep', '-rnI', '--exclude-dir=.git', '--exclude-dir=node_modules', '-e', pattern, '--', workspacePath(path)]);
+      if (result.exitCode === 1) return 'no matches';
+      if (result.exitCode !== 0) throw new Error(result.stderr.trim() || `grep failed with ${result.exitCode}`);
+      return result.stdout;
+    },
+    async runCommand(command, timeoutMs) {
+      const result = await run(['sh', '-c', `${command} 2>&1`], undefined, timeoutMs);
+      return { exitCode: result.exitCode, output: result.stdout, timedOut: result.timedOut };
+    },
+  };
+}

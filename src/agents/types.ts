@@ -1,0 +1,49 @@
+/**
+ * The harness interface: every agent (the built-in loop, agent CLIs) takes a run manifest and reports
+ * normalized events, which the executor writes to the job journal.
+ */
+import type { AgentId } from '../domain/agents.js';
+import type { Effort, TaskMode } from '../protocol/rest.js';
+
+/** The event vocabulary every harness emits (journal `kind` and `data`). */
+export type AgentEvent =
+  | { kind: 'message'; data: { text: string } }
+  | { kind: 'tool_call'; data: { id: string; name: string; input: unknown } }
+  | { kind: 'tool_result'; data: { id: string; name: string; output: string; isError: boolean } }
+  | { kind: 'usage'; data: { inputTokens: number; outputTokens: number } }
+  | { kind: 'question'; data: { question: string } }
+  | { kind: 'plan'; data: { plan: string } }
+  | { kind: 'final'; data: { answer: string } }
+  | { kind: 'error'; data: { message: string } };
+
+/** What the agent may do to the workspace: implemented over a sandboxed fork. */
+export interface Workspace {
+  listFiles(path: string): Promise<string>;
+  readFile(path: string): Promise<string>;
+  writeFile(path: string, content: string): Promise<void>;
+  search(pattern: string, path: string): Promise<string>;
+  runCommand(command: string, timeoutMs: number): Promise<{ exitCode: number | null; output: string; timedOut: boolean }>;
+}
+
+export interface RunManifest {
+  /** The message that queued the job (trigger stripped). */
+  input: string;
+  /** Earlier turns of the task's thread, oldest first. */
+  history: Array<{ role: 'user' | 'assistant'; content: string }>;
+  mode: TaskMode;
+  agent: AgentId;
+  effort: Effort;
+  instructions: string | null;
+  workspace: Workspace;
+  signal?: AbortSignal;
+}
+
+export type RunOutcome =
+  | { status: 'completed'; answer: string }
+  | { status: 'question'; question: string }
+  | { status: 'plan'; plan: string }
+  | { status: 'failed'; error: string };
+
+export interface Harness {
+  run(manifest: RunManifest, emit: (event: AgentEvent) => Promise<void>): Promise<RunOutcome>;
+}
