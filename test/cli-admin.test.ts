@@ -7,6 +7,9 @@ import { killAll, runSvc, startSvcServer, urlWithSchema } from './support/proces
 
 afterEach(() => killAll());
 
+/** Each `svc` process opens its store (PGlite: ~3 s); under a loaded CI machine a flow of them takes a while. */
+const SPAWN_TIMEOUT_MS = 240_000;
+
 type Store = { name: string; args: () => string[]; env: () => NodeJS.ProcessEnv };
 
 const stores: Store[] = [];
@@ -81,7 +84,7 @@ describe.each(stores)('svc admin on $name', (store) => {
     expect(await after.stop()).toBe(0);
     const status = await svc('admin', 'api-key', 'list', '--workspace', 'acme');
     expect(status.stdout).toContain('revoked');
-  });
+  }, SPAWN_TIMEOUT_MS);
 
   it('answers bad input with one line and a non-zero exit', async () => {
     const cases: Array<[string[], number, RegExp]> = [
@@ -96,7 +99,7 @@ describe.each(stores)('svc admin on $name', (store) => {
       expect(result.stderr).toMatch(stderr);
       expect(result.stderr.trim().split('\n')).toHaveLength(1);
     }
-  });
+  }, SPAWN_TIMEOUT_MS);
 });
 
 describe('svc usage errors', () => {

@@ -9,6 +9,9 @@ import { bootstrapKeyOf, killAll, runSvc, startSvcServer, urlWithSchema } from '
 
 afterEach(() => killAll());
 
+/** Each `svc` process opens its store (PGlite: ~3 s); under a loaded CI machine a flow of them takes a while. */
+const SPAWN_TIMEOUT_MS = 240_000;
+
 async function call(url: string, key: string | null, method = 'GET', body?: unknown) {
   const response = await fetch(url, {
     method,
@@ -45,7 +48,7 @@ describe('svc server on the embedded database', () => {
     const kept = await call(`${again.url}/api/v1/tasks`, key);
     expect(kept.body.tasks.map((task: { title: string }) => task.title)).toEqual(['Hello from a process']);
     expect(await again.stop()).toBe(0);
-  });
+  }, SPAWN_TIMEOUT_MS);
 });
 
 describe.skipIf(!process.env.DATABASE_URL)('two svc servers on one PostgreSQL', () => {
@@ -88,5 +91,5 @@ describe.skipIf(!process.env.DATABASE_URL)('two svc servers on one PostgreSQL', 
     } finally {
       await dropTestSchema(schema);
     }
-  });
+  }, SPAWN_TIMEOUT_MS);
 });
