@@ -19,7 +19,14 @@ export class EventHub {
     this.listening ??= this.database.listen(EVENTS_CHANNEL, (payload) => {
       for (const follower of this.followers.get(payload) ?? []) follower();
     });
-    await this.listening;
+    try {
+      await this.listening;
+    } catch (error) {
+      // Let the next follower try again rather than keep a failed LISTEN forever.
+      this.listening = null;
+      set.delete(wake);
+      throw error;
+    }
     return () => {
       set.delete(wake);
       if (set.size === 0) this.followers.delete(taskId);
