@@ -36,9 +36,9 @@ module.exports = {
     ),
     forbid(
       'only-server-and-admin-commands-reach-main',
-      { path: '^src/cli/', pathNot: '^src/cli/(admin|server)\\.ts$' },
+      { path: '^src/cli/', pathNot: '^src/cli/(admin|server|worker)\\.ts$' },
       { path: '^src/main\\.ts$' },
-      'only svc server and svc admin may import the composition root',
+      'only svc server, svc worker and svc admin may import the composition root',
     ),
     forbid('runner-stands-alone', { path: layer('runner') }, { path: [layer('cli', 'web'), '^src/main\\.ts$'] }, 'the runner reuses agents and sandbox only'),
     forbid('web-stands-alone', { path: layer('web') }, { path: [layer('cli', 'runner', 'agents', 'sandbox'), '^src/main\\.ts$'] }, 'the web app speaks HTTP only'),

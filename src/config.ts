@@ -30,6 +30,15 @@ export const ConfigSchema = z.object({
   rateLimitPerHour: z.coerce.number().int().min(1).default(1000),
   /** SVC_DB_POOL_SIZE: connections per process to PostgreSQL. */
   dbPoolSize: z.coerce.number().int().min(1).max(200).default(10),
+  /** SVC_EXECUTOR_CONCURRENCY: jobs this process runs at once (`svc server` and `svc worker`); 0: none. */
+  executorConcurrency: z.coerce.number().int().min(0).max(64).default(2),
+  /** SVC_JOB_LEASE_MS: how long a claimed job stays an executor's without renewal. */
+  jobLeaseMs: z.coerce.number().int().min(1000).default(60_000),
+  /** SVC_ALLOW_UNSANDBOXED: run agent commands without bubblewrap where it is missing (not recommended). */
+  allowUnsandboxed: z
+    .enum(['true', 'false', '1', '0'])
+    .default('false')
+    .transform((value) => value === 'true' || value === '1'),
   /** SVC_SHUTDOWN_TIMEOUT_MS: how long SIGTERM waits for requests in flight. */
   shutdownTimeoutMs: z.coerce.number().int().min(0).default(10_000),
 });
@@ -48,6 +57,9 @@ const ENV: Record<ConfigKey, string> = {
   rateLimitPerHour: 'SVC_RATE_LIMIT_PER_HOUR',
   dbPoolSize: 'SVC_DB_POOL_SIZE',
   shutdownTimeoutMs: 'SVC_SHUTDOWN_TIMEOUT_MS',
+  executorConcurrency: 'SVC_EXECUTOR_CONCURRENCY',
+  jobLeaseMs: 'SVC_JOB_LEASE_MS',
+  allowUnsandboxed: 'SVC_ALLOW_UNSANDBOXED',
 };
 
 export class ConfigError extends Error {

@@ -9,6 +9,8 @@ import * as admin from './engine/admin.js';
 import { openDatabase, type Database, type StoreLocation } from './store/db.js';
 import { pruneRateLimitBuckets } from './store/rate-limit.js';
 import { buildServer } from './server/app.js';
+import { Executor } from './engine/executor.js';
+import { hostname } from 'node:os';
 
 export { admin };
 export type { Config };
@@ -29,6 +31,40 @@ export async function withStore<T>(config: Config, fn: (database: Database) => P
   }
 }
 
+function makeExecutor(config: Config, database: Database, logger: Logger): Executor | null {
+  if (config.executorConcurrency === 0) return null;
+  return new Executor({
+    database,
+    dataDir: config.dataDir,
+    owner: `${hostname()}:${process.pid}`,
+    concurrency: config.executorConcurrency,
+    leaseMs: config.jobLeaseMs,
+    pollMs: 5_000,
+    allowUnsandboxed: config.allowUnsandboxed,
+    logger: logger.child({ component: 'executor' }),
+  });
+}
+
+/** `svc worker`: executors only, no HTTP (scaled deployments run these against PostgreSQL). */
+export async function startWorker(config: Config, logger: Logger = pino({ level: config.logLevel })): Promise<{ close(): Promise<void> }> {
+  const database = await openDatabase(storeLocation(config));
+  const executor = makeExecutor(config, database, logger);
+  if (!executor) {
+    await database.close();
+    throw new Error('SVC_EXECUTOR_CONCURRENCY is 0: a worker with no executors has nothing to do');
+  }
+  await executor.start();
+  return {
+    async close() {
+      try {
+        await executor.stop();
+      } finally {
+        await database.close();
+      }
+    },
+  };
+}
+
 export interface RunningService {
   app: FastifyInstance;
   database: Database;
@@ -42,6 +78,7 @@ export async function startService(config: Config, logger: Logger = pino({ level
   const database = await openDatabase(storeLocation(config));
   let app: FastifyInstance | null = null;
   let pruneTimer: NodeJS.Timeout | null = null;
+  let executor: Executor | null = null;
   try {
     const created = await admin.bootstrap(database.db, config.defaultAgent);
     const publicUrl = (config.publicUrl ?? `http://${config.host}:${config.port}`).replace(/\/+$/, '');
@@ -52,6 +89,9 @@ export async function startService(config: Config, logger: Logger = pino({ level
       logger,
     });
     await app.listen({ port: config.port, host: config.host });
+    executor = makeExecutor(config, database, logger);
+    await executor?.start();
+    const runningExecutor = executor;
     const address = app.server.address();
     const port = typeof address === 'object' && address ? address.port : config.port;
     pruneTimer = setInterval(() => {
@@ -67,6 +107,7 @@ export async function startService(config: Config, logger: Logger = pino({ level
       async close() {
         if (pruneTimer) clearInterval(pruneTimer);
         try {
+          await runningExecutor?.stop();
           await running.close();
         } finally {
           await database.close();
@@ -75,6 +116,7 @@ export async function startService(config: Config, logger: Logger = pino({ level
     };
   } catch (error) {
     if (pruneTimer) clearInterval(pruneTimer);
+    await executor?.stop().catch(() => undefined);
     await app?.close().catch(() => undefined);
     await database.close();
     throw error;

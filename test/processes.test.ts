@@ -6,6 +6,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { loadMigrations } from '../src/store/migrate.js';
 import { createTestSchema, dropTestSchema, postgresUrl } from './support/db.js';
 import { bootstrapKeyOf, killAll, runSvc, startSvcServer, urlWithSchema } from './support/processes.js';
+import { startFakeModel } from './support/fake-model.js';
 
 afterEach(() => killAll());
 
@@ -18,7 +19,7 @@ async function call(url: string, key: string | null, method = 'GET', body?: unkn
     headers: { ...(key ? { authorization: `Bearer ${key}` } : {}), ...(body === undefined ? {} : { 'content-type': 'application/json' }) },
     body: body === undefined ? undefined : JSON.stringify(body),
   });
-  return { status: response.status, headers: response.headers, body: (await response.json()) as { tasks: Array<{ title: string }>; task: { id: string; slug: string } } & Record<string, unknown> };
+  return { status: response.status, headers: response.headers, body: (await response.json()) as { tasks: Array<{ title: string }>; task: { id: string; slug: string; status: string } } & Record<string, unknown> };
 }
 
 describe('svc server on the embedded database', () => {
@@ -48,6 +49,27 @@ describe('svc server on the embedded database', () => {
     const kept = await call(`${again.url}/api/v1/tasks`, key);
     expect(kept.body.tasks.map((task: { title: string }) => task.title)).toEqual(['Hello from a process']);
     expect(await again.stop()).toBe(0);
+  }, SPAWN_TIMEOUT_MS);
+});
+
+describe('svc server runs jobs', () => {
+  it('executes a task with its built-in executor', async () => {
+    const model = await startFakeModel([{ toolCalls: [{ name: 'finish', arguments: { summary: 'Done by the server.' } }] }]);
+    try {
+      const dataDir = mkdtempSync(join(tmpdir(), 'svc-executing-'));
+      const server = await startSvcServer(['--data-dir', dataDir], { SVC_EXECUTOR_CONCURRENCY: '1', OPENAI_COMPATIBLE_BASE_URL: model.baseUrl });
+      const key = bootstrapKeyOf(server.stdout());
+      const created = await call(`${server.url}/api/v1/tasks`, key, 'POST', { command: 'Say done', userIntent: 'ASK', agent: 'openai-compatible/fake' });
+      let latest = created.body;
+      for (let i = 0; i < 300 && ['PENDING', 'IN_PROGRESS'].includes(String((latest.task as { status: string }).status)); i++) {
+        await new Promise((resolve) => setTimeout(resolve, 100));
+        latest = (await call(`${server.url}/api/v1/tasks/${created.body.task.id}`, key)).body;
+      }
+      expect(latest.latestJob).toMatchObject({ status: 'COMPLETED', finalAnswer: 'Done by the server.' });
+      expect(await server.stop()).toBe(0);
+    } finally {
+      await model.close();
+    }
   }, SPAWN_TIMEOUT_MS);
 });
 

@@ -3,6 +3,7 @@ import { Command, CommanderError } from 'commander';
 import { registerAdmin } from './admin.js';
 import { fail } from './output.js';
 import { registerServer } from './server.js';
+import { registerWorker } from './worker.js';
 
 export function buildProgram(): Command {
   const program = new Command('svc')
@@ -12,6 +13,7 @@ export function buildProgram(): Command {
     .exitOverride()
     .configureOutput({ writeErr: (text) => process.stderr.write(text) });
   registerServer(program);
+  registerWorker(program);
   registerAdmin(program);
   return program;
 }

@@ -1,6 +1,6 @@
 /**
  * A fake OpenAI-compatible model server over real HTTP: answers POST /v1/chat/completions from a script,
- * one entry per model call, and records every request so that tests can see what the model was told.
+ * taking one entry from its front per model call, and records every request so that tests can see what the model was told.
  */
 import { createServer, type IncomingMessage, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -38,7 +38,9 @@ export async function startFakeModel(script: ScriptedAnswer[]): Promise<FakeMode
       return;
     }
     requests.push(JSON.parse(await body(request)) as ChatRequest);
-    const answer = script[call++];
+    // Answers are consumed in order, so a test may append to the script while the server runs.
+    const answer = script.shift();
+    call += 1;
     if (!answer) {
       response.writeHead(500, { 'content-type': 'application/json' }).end(JSON.stringify({ error: { message: 'script exhausted' } }));
       return;

@@ -62,7 +62,8 @@ const running = new Set<ChildProcess>();
 export async function startSvcServer(args: string[], env: NodeJS.ProcessEnv = {}, timeoutMs = 60_000): Promise<ServerProcess> {
   const port = await freePort();
   const child = spawn(process.execPath, [...SVC, 'server', '--port', String(port), '--host', '127.0.0.1', ...args], {
-    env: childEnv({ SVC_LOG_LEVEL: 'info', ...env }),
+    // No executor unless a test asks for one: jobs must never reach a real model from a test.
+    env: childEnv({ SVC_LOG_LEVEL: 'info', SVC_EXECUTOR_CONCURRENCY: '0', ...env }),
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   running.add(child);
