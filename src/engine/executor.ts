@@ -169,12 +169,15 @@ export class Executor {
     const environment = join(this.options.dataDir, 'environments', job.workspaceId);
     await mkdir(environment, { recursive: true });
     const fork = await this.forks.create(`job-${job.id}-${job.generation}`, environment);
+    const mode = modeOfJob(job.type, task.mode as TaskMode);
+    // Read-only runs leave nothing worth keeping. A changing run's fork holds its work, which must outlive
+    // the job: until the fork lifecycle and pull requests exist (issue 3), it is kept where the log says.
+    const keepFork = mode !== 'ask' && mode !== 'plan';
     try {
       const thread = await listMessages(db, task.id);
       const history = thread
         .filter((message) => message.id !== job.messageId)
         .map((message) => ({ role: message.role === 'agent' ? ('assistant' as const) : ('user' as const), content: message.body }));
-      const mode = modeOfJob(job.type, task.mode as TaskMode);
       const outcome = await harness.run(
         {
           input: job.input ?? '',
@@ -190,7 +193,8 @@ export class Executor {
       );
       return resultOf(outcome);
     } finally {
-      await this.forks.remove(fork);
+      if (keepFork) this.options.logger.info({ jobId: job.id, fork: fork.info.dir }, 'fork kept with the job\'s changes');
+      else await this.forks.remove(fork);
     }
   }
 }
