@@ -35,5 +35,6 @@ describe('loadConfig', () => {
     expect(message).not.toContain('\n');
     expect(() => loadConfig({ logLevel: 'loud' }, {})).toThrow(/SVC_LOG_LEVEL/);
     expect(() => loadConfig({ port: 70000 }, {})).toThrow(ConfigError);
+    expect(() => loadConfig({}, { SVC_DEFAULT_AGENT: 'anthropic' })).toThrow(/defaultAgent \(--default-agent or SVC_DEFAULT_AGENT\)/);
   });
 });

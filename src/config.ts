@@ -4,6 +4,7 @@
  */
 import { resolve } from 'node:path';
 import { z } from 'zod';
+import { parseAgentId } from './domain/agents.js';
 
 const LogLevel = z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']);
 
@@ -24,7 +25,13 @@ export const ConfigSchema = z.object({
   /** SVC_LOG_LEVEL */
   logLevel: LogLevel.default('info'),
   /** SVC_DEFAULT_AGENT: the agent of the `default` routing config of new workspaces. */
-  defaultAgent: z.string().default('anthropic/claude-sonnet-4-5'),
+  defaultAgent: z
+    .string()
+    .default('anthropic/claude-sonnet-4-5')
+    .superRefine((value, context) => {
+      const parsed = parseAgentId(value);
+      if ('error' in parsed) context.addIssue({ code: 'custom', message: parsed.error });
+    }),
   /** SVC_RATE_LIMIT_PER_MINUTE, SVC_RATE_LIMIT_PER_HOUR: per API key (SPEC.md "Limits"). */
   rateLimitPerMinute: z.coerce.number().int().min(1).default(100),
   rateLimitPerHour: z.coerce.number().int().min(1).default(1000),

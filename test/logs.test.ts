@@ -134,3 +134,30 @@ describe.each(testDrivers)('the job journal and the logs stream on %s', (driver)
     expect(messages.at(-1)).toEqual({ event: 'end', data: '{}' });
   });
 });
+
+describe('log streams and shutdown', () => {
+  it('end when the server closes, so that SIGTERM is not held up', async () => {
+    const { startTestApi } = await import('./support/api.js');
+    const api = await startTestApi('pglite');
+    const tenant = await api.newTenant();
+    const { task } = (await tenant.request('POST', '/api/v1/tasks', { command: 'stays pending' })).json();
+    await api.app.listen({ port: 0, host: '127.0.0.1' });
+    const { port } = api.app.server.address() as { port: number };
+    const response = await fetch(`http://127.0.0.1:${port}/api/v1/tasks/${task.id}/logs?follow=true`, {
+      headers: tenant.headers,
+      signal: AbortSignal.timeout(20_000),
+    });
+    const reader = response.body!.getReader();
+    await reader.read();
+    // The task stays PENDING (no executor), so only the server closing can end this stream.
+    const closing = api.close();
+    let text = '';
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      text += new TextDecoder().decode(value);
+    }
+    await closing;
+    expect(text).toContain('event: end');
+  });
+});

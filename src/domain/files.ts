@@ -20,7 +20,8 @@ export interface ParsedFiles {
 function nameFromUrl(url: string, index: number): string {
   try {
     const last = new URL(url).pathname.split('/').filter(Boolean).pop();
-    if (last) return decodeURIComponent(last).slice(0, 255);
+    // Control characters (a decoded %00, say) have no place in a file name.
+    if (last) return decodeURIComponent(last).replace(/[\u0000-\u001f\u007f]/g, '').slice(0, 255) || `file-${index + 1}`;
   } catch {
     // fall through to the positional name
   }

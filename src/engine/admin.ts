@@ -1,8 +1,9 @@
 /** Operator actions behind `svc admin`: workspaces and API keys. */
-import { parseDuration } from '../domain/api-keys.js';
+import { displayPrefix, parseDuration } from '../domain/api-keys.js';
 import { ConflictError, NotFoundError, ValidationError } from '../domain/errors.js';
 import type { Db } from '../store/db.js';
 import { parseCredits } from '../domain/pricing.js';
+import { parseAgentId } from '../domain/agents.js';
 import { addCredits, creditBalance } from '../store/credits.js';
 import { createApiKey, listApiKeys, revokeApiKey, type ApiKeyRecord } from '../store/api-keys.js';
 import { createWorkspace, findWorkspaceByName, listWorkspaces, type Workspace, type WorkspacePlan } from '../store/workspaces.js';
@@ -15,6 +16,8 @@ export async function addWorkspace(db: Db, name: string, plan: string, defaultAg
     throw ValidationError.field('name', 'must be 1-63 letters, digits, ".", "_" or "-", starting with a letter or digit');
   }
   if (!(PLANS as readonly string[]).includes(plan)) throw ValidationError.field('plan', `must be one of ${PLANS.join(', ')}`);
+  const agent = parseAgentId(defaultAgent);
+  if ('error' in agent) throw ValidationError.field('default-agent', agent.error);
   const workspace = await createWorkspace(db, { name, plan: plan as WorkspacePlan, defaultAgent });
   if (!workspace) throw new ConflictError(`workspace "${name}" already exists`);
   return workspace;
@@ -46,6 +49,10 @@ export async function workspaceApiKeys(db: Db, workspaceName: string): Promise<A
 }
 
 export async function removeApiKey(db: Db, workspaceName: string, idOrPrefix: string): Promise<ApiKeyRecord> {
+  const isId = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i.test(idOrPrefix);
+  if (!isId && idOrPrefix.length < displayPrefix('x'.repeat(64)).length) {
+    throw ValidationError.field('key', 'must be the key\'s id or its whole listed prefix (service_ and 6 characters)');
+  }
   const workspace = await requireWorkspace(db, workspaceName);
   const { revoked, matches } = await revokeApiKey(db, workspace.id, idOrPrefix);
   if (matches > 1) throw new ConflictError(`"${idOrPrefix}" matches ${matches} keys; give more of the prefix or the id`);

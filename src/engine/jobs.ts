@@ -6,13 +6,29 @@ import { and, eq, sql } from 'drizzle-orm';
 import { ConflictError } from '../domain/errors.js';
 import { jobStatesInto, taskStatusAfterJob, taskStatesInto } from '../domain/states.js';
 import type { PlanOutcome } from '../protocol/rest.js';
-import type { Db } from '../store/db.js';
-import { jobs, pullRequests } from '../store/schema.js';
+import { notify, type Db } from '../store/db.js';
+import { EVENTS_CHANNEL } from '../store/journal.js';
+import { jobs, pullRequests, tasks } from '../store/schema.js';
 import { countJobs, updateJob, updateTask, type JobRow } from '../store/tasks.js';
+
+/**
+ * Locks the task of a job, then the job: the same order as every task action (cancel, follow-up,
+ * approve), so that an executor's move and a person's action never deadlock, and a follow-up queued
+ * while a job ends is seen by it.
+ */
+async function lockJobAndTask(tx: Db, jobId: string) {
+  const [owner] = await tx.select({ taskId: jobs.taskId }).from(jobs).where(eq(jobs.id, jobId));
+  if (!owner) return null;
+  await tx.select({ id: tasks.id }).from(tasks).where(eq(tasks.id, owner.taskId)).for('update');
+  const [job] = await tx.select().from(jobs).where(eq(jobs.id, jobId)).for('update');
+  return job ?? null;
+}
 
 /** Moves a PENDING job to IN_PROGRESS under a new generation; null when it was not pending. */
 export async function startJob(db: Db, jobId: string): Promise<JobRow | null> {
   return db.transaction(async (tx) => {
+    const current = await lockJobAndTask(tx, jobId);
+    if (!current || current.status !== 'PENDING') return null;
     const [job] = await tx
       .update(jobs)
       .set({ status: 'IN_PROGRESS', generation: sql`${jobs.generation} + 1`, startedAt: sql`now()`, updatedAt: sql`now()` })
@@ -44,7 +60,7 @@ export class StaleGenerationError extends ConflictError {
 /** Ends an IN_PROGRESS job held by `generation` and moves its task on. */
 export async function finishJob(db: Db, jobId: string, generation: number, result: JobResult): Promise<JobRow> {
   return db.transaction(async (tx) => {
-    const [current] = await tx.select().from(jobs).where(eq(jobs.id, jobId)).for('update');
+    const current = await lockJobAndTask(tx, jobId);
     if (!current || current.generation !== generation) throw new StaleGenerationError(jobId, generation);
     const job = await updateJob(
       tx,
@@ -73,6 +89,8 @@ export async function finishJob(db: Db, jobId: string, generation: number, resul
     });
     // A task cancelled meanwhile stays cancelled: the move is conditional on the task still running.
     await updateTask(tx, job.taskId, { status: next }, ['IN_PROGRESS']);
+    // Log streams that follow the task learn that it may have gone idle.
+    await notify(tx, EVENTS_CHANNEL, job.taskId);
     return job;
   });
 }

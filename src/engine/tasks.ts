@@ -8,7 +8,7 @@ import { effortError, jobTypeOfMode, modeOfIntent, parseAgentId, type AgentId } 
 import { blobFilesError, parseFiles, type ParsedFile } from '../domain/files.js';
 import { splitTrigger } from '../domain/routing.js';
 import { makeSlug, titleFromMessage } from '../domain/slugs.js';
-import { ACTIVE_JOB_STATUSES, TASK_ACTION_FROM } from '../domain/states.js';
+import { ACTIVE_JOB_STATUSES, TASK_ACTION_FROM, taskStatesInto } from '../domain/states.js';
 import { decodeCursor, encodeCursor } from '../domain/cursor.js';
 import type {
   CreateTaskBody,
@@ -23,7 +23,8 @@ import type {
 } from '../protocol/rest.js';
 import { TaskStatus as TaskStatusSchema } from '../protocol/rest.js';
 import type { ValidationIssue } from '../protocol/errors.js';
-import type { Db } from '../store/db.js';
+import { notify, type Db } from '../store/db.js';
+import { EVENTS_CHANNEL } from '../store/journal.js';
 import { findRoutingConfigs } from '../store/routing.js';
 import {
   cancelActiveJobs,
@@ -97,7 +98,11 @@ export async function createTask(db: Db, caller: Caller, body: CreateTaskBody): 
 
   const mode: TaskMode = body.userIntent ? modeOfIntent(body.userIntent) : (config.mode as TaskMode);
   const agentId = body.agent ?? config.agent;
-  const agent = pinned ?? (parseAgentId(agentId) as AgentId);
+  const configured = parseAgentId(agentId);
+  if ('error' in configured) {
+    throw new AppError('internal_error', undefined, { cause: new Error(`routing config ${config.name} has an invalid agent: ${configured.error}`) });
+  }
+  const agent = pinned ?? configured;
   const effort = (body.effort ?? config.effort) as Effort;
   const effortProblem = effortError(effort, agent);
   if (effortProblem) throw ValidationError.field(body.effort ? 'effort' : 'agent', effortProblem);
@@ -235,9 +240,10 @@ export async function sendMessage(db: Db, caller: Caller, idOrSlug: string, body
       completedAt: blobError ? new Date() : null,
     });
     // A follow-up on a waiting, finished or cancelled task resumes it on the same thread (and unarchives
-    // it); on a task that is already queued or running it simply waits its turn.
-    const next: TaskStatus = status === 'PENDING' || status === 'IN_PROGRESS' ? status : blobError ? 'FAILED' : 'PENDING';
-    await updateTask(tx, task.id, { status: next, archivedAt: null });
+    // it); on a task that is already queued or running it simply waits its turn. A follow-up that failed
+    // at once (a blob: file) leaves the task where it was: its job says why.
+    const resumes = !blobError && status !== 'PENDING' && status !== 'IN_PROGRESS';
+    await updateTask(tx, task.id, resumes ? { status: 'PENDING', archivedAt: null } : { archivedAt: null }, resumes ? taskStatesInto('PENDING') : [status]);
     return { view: await reload(tx, caller, task.id), job };
   });
 }
@@ -269,7 +275,7 @@ export async function approvePlan(db: Db, caller: Caller, idOrSlug: string, body
       input,
       plan: ready.plan,
     });
-    await updateTask(tx, task.id, { status: 'PENDING' });
+    await updateTask(tx, task.id, { status: 'PENDING' }, TASK_ACTION_FROM.approvePlan);
     return { view: await reload(tx, caller, task.id), job };
   });
 }
@@ -281,7 +287,8 @@ export async function cancelTask(db: Db, caller: Caller, idOrSlug: string): Prom
     if (status === 'CANCELLED') return { view: await reload(tx, caller, task.id), cancelled: [] };
     if (!TASK_ACTION_FROM.cancel.includes(status)) throw new ConflictError(`Task is ${status}; it has no active runs to cancel`, { status });
     const cancelled = await cancelActiveJobs(tx, task.id, ACTIVE_JOB_STATUSES);
-    await updateTask(tx, task.id, { status: 'CANCELLED' });
+    await updateTask(tx, task.id, { status: 'CANCELLED' }, TASK_ACTION_FROM.cancel);
+    await notify(tx, EVENTS_CHANNEL, task.id);
     return { view: await reload(tx, caller, task.id), cancelled };
   });
 }
@@ -293,7 +300,7 @@ export async function archiveTask(db: Db, caller: Caller, idOrSlug: string): Pro
     if (!TASK_ACTION_FROM.archive.includes(status)) {
       throw new ConflictError(`Task is ${status}; cancel it before archiving`, { status });
     }
-    await updateTask(tx, task.id, { archivedAt: new Date() });
+    await updateTask(tx, task.id, { archivedAt: new Date() }, TASK_ACTION_FROM.archive);
     return reload(tx, caller, task.id);
   });
 }

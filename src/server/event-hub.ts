@@ -8,6 +8,8 @@ import { EVENTS_CHANNEL } from '../store/journal.js';
 export class EventHub {
   private readonly followers = new Map<string, Set<() => void>>();
   private listening: Promise<() => Promise<void>> | null = null;
+  /** Set when the server starts closing: followers end their streams. */
+  closed = false;
 
   constructor(private readonly database: Database) {}
 
@@ -33,10 +35,13 @@ export class EventHub {
     };
   }
 
+  /** Wakes every follower so that its stream ends, and stops listening. Safe to call twice. */
   async close(): Promise<void> {
+    this.closed = true;
+    for (const followers of this.followers.values()) for (const wake of followers) wake();
+    this.followers.clear();
     const listening = this.listening;
     this.listening = null;
-    this.followers.clear();
-    if (listening) await (await listening)();
+    if (listening) await (await listening.catch(() => async () => undefined))();
   }
 }

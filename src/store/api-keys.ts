@@ -51,7 +51,9 @@ export async function revokeApiKey(
   workspaceId: string,
   idOrPrefix: string,
 ): Promise<{ revoked: ApiKeyRecord | null; matches: number }> {
-  const isId = /^[0-9a-f-]{36}$/i.test(idOrPrefix);
+  const isId = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i.test(idOrPrefix);
+  // A prefix must be at least the part listings show, so that a slip cannot revoke keys at random.
+  if (!isId && idOrPrefix.length < displayPrefix('x'.repeat(64)).length) return { revoked: null, matches: 0 };
   const match = isId ? eq(apiKeys.id, idOrPrefix) : like(apiKeys.prefix, `${idOrPrefix.replace(/[%_\\]/g, '\\$&')}%`);
   const candidates = await db.select(publicColumns).from(apiKeys).where(and(eq(apiKeys.workspaceId, workspaceId), match));
   if (candidates.length !== 1) return { revoked: null, matches: candidates.length };

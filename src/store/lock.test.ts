@@ -1,5 +1,5 @@
 import { spawnSync } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, utimesSync, writeFileSync } from 'node:fs';
 import { hostname, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
@@ -30,6 +30,19 @@ describe('the data-dir lock', () => {
     writeFileSync(join(dir, 'svc.lock'), JSON.stringify({ pid: deadPid(), host: hostname(), startedAt: '2020-01-01T00:00:00Z' }));
     const lock = acquireDataDirLock(dir);
     expect(JSON.parse(readFileSync(join(dir, 'svc.lock'), 'utf8')).pid).toBe(process.pid);
+    lock.release();
+  });
+
+  it('takes over a lock with its own pid that it does not hold (a restarted container), and an empty one left by a crash', () => {
+    const dir = freshDir();
+    writeFileSync(join(dir, 'svc.lock'), JSON.stringify({ pid: process.pid, host: hostname(), startedAt: 'a previous life' }));
+    acquireDataDirLock(dir).release();
+    const empty = join(dir, 'svc.lock');
+    writeFileSync(empty, '');
+    const old = new Date(Date.now() - 60_000);
+    utimesSync(empty, old, old);
+    const lock = acquireDataDirLock(dir);
+    expect(JSON.parse(readFileSync(empty, 'utf8')).pid).toBe(process.pid);
     lock.release();
   });
 

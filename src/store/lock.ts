@@ -70,13 +70,19 @@ export function acquireDataDirLock(dataDir: string): DataDirLock {
   for (let attempt = 0; attempt < 50; attempt++) {
     if (tryCreate(path, content)) return makeLock(path, content);
     const holder = readLock(path);
-    // A lock written by a live process on this host (or unreadable mid-write) is held.
+    // A lock being written is unreadable for a moment; one that stays unreadable was left by a crash
+    // between creating and writing it.
     if (holder === null) {
-      sleepSync(20);
-      continue;
+      if (ageMs(path) < 2_000) {
+        sleepSync(20);
+        continue;
+      }
     }
-    if (holder.host === mine.host && isAlive(holder.pid)) throw new DataDirLockedError(dataDir, holder.pid);
-    if (holder.host !== mine.host) throw new DataDirLockedError(dataDir, holder.pid);
+    // Our own pid in a lock this process does not hold is a previous life of it (a restarted container
+    // runs as PID 1 again): stale.
+    const ours = holder !== null && holder.pid === process.pid && !held.has(path);
+    if (holder !== null && holder.host === mine.host && !ours && isAlive(holder.pid)) throw new DataDirLockedError(dataDir, holder.pid);
+    if (holder !== null && holder.host !== mine.host) throw new DataDirLockedError(dataDir, holder.pid);
     // Stale: take it over under the takeover mutex; a takeover file older than 10 s is itself stale.
     if (!tryCreate(takeover, content)) {
       try {
@@ -89,7 +95,8 @@ export function acquireDataDirLock(dataDir: string): DataDirLock {
     }
     try {
       const again = readLock(path);
-      if (again && again.pid === holder.pid && again.startedAt === holder.startedAt) rmSync(path, { force: true });
+      const unchanged = holder === null ? again === null : again?.pid === holder.pid && again.startedAt === holder.startedAt;
+      if (unchanged) rmSync(path, { force: true });
     } finally {
       rmSync(takeover, { force: true });
     }
@@ -98,11 +105,24 @@ export function acquireDataDirLock(dataDir: string): DataDirLock {
   throw new DataDirLockedError(dataDir, holder?.pid ?? -1);
 }
 
+/** Lock files this process holds. */
+const held = new Set<string>();
+
+function ageMs(path: string): number {
+  try {
+    return Date.now() - statSync(path).mtimeMs;
+  } catch {
+    return 0;
+  }
+}
+
 function makeLock(path: string, content: string): DataDirLock {
+  held.add(path);
   let released = false;
   const release = (): void => {
     if (released) return;
     released = true;
+    held.delete(path);
     // Remove only our own lock, never one a successor wrote after a takeover.
     try {
       if (readFileSync(path, 'utf8') === content) rmSync(path, { force: true });

@@ -5,7 +5,10 @@
  * PostgreSQL shares the limit. A window of N seconds counts the buckets of the last N+1 seconds (the
  * current second included), which errs on the side of refusing: no N-second span ever holds more than
  * the limit. Concurrent requests of one second serialise on the bucket row, whose ON CONFLICT condition
- * sees the latest count, so the limit holds exactly under concurrency. Refused requests are not counted.
+ * sees the latest count, so within a second the limit holds exactly under concurrency. Across a second
+ * boundary the earlier buckets are read from the statement's snapshot, so a request of the new second
+ * can miss a concurrent, not yet committed request of the old one: the limit may be exceeded by the
+ * requests in flight at that instant (a few at most). Refused requests are not counted.
  */
 import { and, asc, eq, gte, lt, sql } from 'drizzle-orm';
 import { preparedRows, type Db } from './db.js';

@@ -109,6 +109,22 @@ describe.each(testDrivers)('errors on %s', (driver) => {
     expect(cancel.statusCode).toBe(200);
   });
 
+  it('refuses NUL characters, which PostgreSQL text cannot hold, without a 500', async () => {
+    const created = await t.request('POST', '/api/v1/tasks', { command: 'a\u0000b' });
+    expect(created.statusCode).toBe(400);
+    expect(created.json().error.details.issues).toEqual([{ field: 'command', message: 'must not contain NUL characters' }]);
+    const nested = await t.request('POST', '/api/v1/tasks', { command: 'ok', files: [{ name: 'x\u0000', url: 'https://example.com/a' }] });
+    expect(nested.json().error.details.issues[0].field).toBe('files.0.name');
+    expect((await t.request('GET', '/api/v1/tasks/%00')).json()).toEqual({ error: { code: 'not_found', message: 'Task not found' } });
+    expect((await t.request('GET', '/api/v1/tasks?status=%00')).statusCode).toBe(400);
+    const config = await t.request('PUT', '/api/v1/routing-configs/nul', { mode: 'ask', agent: 'openai/gpt-5', effort: 'low', instructions: '\u0000' });
+    expect(config.statusCode).toBe(400);
+    expect((await t.request('DELETE', '/api/v1/routing-configs/%00')).statusCode).toBe(400);
+    // A file name decoded from a URL loses its control characters instead.
+    const decoded = await t.request('POST', '/api/v1/tasks', { command: 'file', files: [{ url: 'https://example.com/%00' }] });
+    expect(decoded.statusCode).toBe(201);
+  });
+
   it('gives every answer a request id and keeps a well-formed incoming one', async () => {
     const fresh = await t.request('GET', '/api/v1/tasks');
     expect(fresh.headers['x-request-id']).toMatch(/^[0-9a-f-]{36}$/);

@@ -13,6 +13,7 @@ import { readTaskEvents, type EventRow } from '../../store/journal.js';
 import { callerOf } from '../auth.js';
 import type { EventHub } from '../event-hub.js';
 import { errorResponses } from './responses.js';
+import { refuseNulBytes } from '../nul.js';
 
 const PAGE = 500;
 const KEEP_ALIVE_MS = 15_000;
@@ -43,6 +44,9 @@ function frame(event: EventRow): string {
 }
 
 export const logRoutes: FastifyPluginAsyncZod<{ db: Db; hub: EventHub }> = async (app, { db, hub }) => {
+  app.addHook('preValidation', refuseNulBytes);
+  // Streams that follow a task would hold the server open: end them as soon as it starts closing.
+  app.addHook('preClose', async () => hub.close());
   app.get(
     '/tasks/:taskIdOrSlug/logs',
     {
@@ -81,6 +85,8 @@ export const logRoutes: FastifyPluginAsyncZod<{ db: Db; hub: EventHub }> = async
         'x-accel-buffering': 'no',
         'x-request-id': request.id,
       });
+      // A first comment flushes the headers at once, so clients and proxies see the stream open.
+      out.write(': stream open\n\n');
       let closed = false;
       let wake: (() => void) | null = null;
       request.raw.on('close', () => {
@@ -102,7 +108,7 @@ export const logRoutes: FastifyPluginAsyncZod<{ db: Db; hub: EventHub }> = async
         while (!closed) {
           pending = false;
           await drain();
-          if (!follow || !(await tasks.isTaskActive(db, caller, taskId))) {
+          if (!follow || hub.closed || !(await tasks.isTaskActive(db, caller, taskId))) {
             // Events appended just before the task went idle are committed by now: one last drain.
             await drain();
             break;

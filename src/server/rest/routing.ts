@@ -11,11 +11,13 @@ import * as routing from '../../engine/routing.js';
 import { callerOf } from '../auth.js';
 import { presentRoutingConfig } from './present.js';
 import { errorResponses } from './responses.js';
+import { refuseNulBytes } from '../nul.js';
 import type { RestDeps } from './tasks.js';
 
 const TAG = ['routing'];
 
 export const routingRoutes: FastifyPluginAsyncZod<RestDeps> = async (app, { db }) => {
+  app.addHook('preValidation', refuseNulBytes);
   app.get(
     '/routing-configs',
     {

@@ -20,6 +20,7 @@ import type { Db } from '../../store/db.js';
 import { callerOf } from '../auth.js';
 import { presentJob, presentListItem, presentView } from './present.js';
 import { errorResponses } from './responses.js';
+import { refuseNulBytes } from '../nul.js';
 
 export interface RestDeps {
   db: Db;
@@ -29,6 +30,7 @@ export interface RestDeps {
 const TAG = ['tasks'];
 
 export const taskRoutes: FastifyPluginAsyncZod<RestDeps> = async (app, { db, publicUrl }) => {
+  app.addHook('preValidation', refuseNulBytes);
   const answer = (result: tasks.TaskAndJobRows) => ({ task: presentView(result.view, publicUrl), job: presentJob(result.job) });
 
   app.post(
