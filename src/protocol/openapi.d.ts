@@ -179,61 +179,59 @@ export interface paths {
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
-        /** @enum {string} */
-        JobStatusInput: "PENDING" | "IN_PROGRESS" | "COMPLETED" | "FAILED" | "CANCELLED";
-        /** @enum {string} */
-        TaskStatusInput: "PENDING" | "IN_PROGRESS" | "AWAITING_INPUT" | "AWAITING_APPROVAL" | "IN_REVIEW" | "COMPLETED" | "FAILED" | "CANCELLED";
-        /** @enum {string} */
-        JobTypeInput: "SWE" | "PLAN" | "ASK" | "DEV_ENVIRONMENT" | "GOAL" | "IMPLEMENT_PLAN";
-        /** @enum {string} */
-        UserIntentInput: "PLAN" | "SWE" | "ASK" | "DEV_ENVIRONMENT" | "GOAL";
-        /** @enum {string} */
-        TaskModeInput: "agent" | "plan" | "ask" | "goal" | "dev_env";
-        /** @enum {string} */
-        RoutingModeInput: "agent" | "plan" | "ask" | "goal";
-        /** @enum {string} */
-        EffortInput: "low" | "medium" | "high" | "xhigh" | "ultracode";
-        /** @enum {string} */
-        PlanOutcomeInput: "READY" | "NATIVE" | "APPROVED";
-        PullRequestInput: {
-            repoFullName: string;
-            prNumber: number;
-            prUrl: string;
-            title: string;
-            /** @enum {string} */
-            state: "open" | "merged" | "closed";
+        ApprovePlanBody: {
+            /** @description Optional extra instructions for the implementation */
+            message?: string;
         };
-        TaskInput: {
-            /** Format: uuid */
-            id: string;
-            /** @description Human-readable identifier, unique in the workspace; accepted wherever a task id is */
-            slug: string;
-            title: string;
+        /** @description The cancelled task and the jobs this request cancelled (none when it already was) */
+        CancelTaskResponse: {
+            task: components["schemas"]["Task"];
+            cancelledJobs: components["schemas"]["Job"][];
+        };
+        CreateTaskBody: {
+            /** @description The prompt; may start with `/trigger` to select a routing config */
+            command: string;
+            /** @description Sets the initial run type instead of the routing config */
+            userIntent?: components["schemas"]["UserIntent"];
+            /** @description Complete `<provider>/<model>` id, e.g. `anthropic/claude-sonnet-4-5`; a provider alone is rejected */
+            agent?: string;
+            effort?: components["schemas"]["Effort"];
+            title?: string;
+            files?: components["schemas"]["FileInput"][];
+        };
+        /** @enum {string} */
+        Effort: "low" | "medium" | "high" | "xhigh" | "ultracode";
+        ErrorEnvelope: {
+            error: {
+                /** @enum {string} */
+                code: "validation_error" | "unauthorized" | "forbidden" | "not_found" | "method_not_allowed" | "conflict" | "payload_too_large" | "unsupported_media_type" | "rate_limited" | "internal_error" | "service_unavailable";
+                message: string;
+                details?: unknown;
+            };
+        };
+        FileInput: {
+            /** @description File name; derived from the URL when absent */
+            name?: string;
+            /** @description `data:` URL with the inlined content (stored), `http(s):` URL (kept as a reference, never fetched) or a browser `blob:` URL (not an uploaded file: the task fails, naming the file) */
             url: string;
-            status: components["schemas"]["TaskStatusInput"];
-            mode: components["schemas"]["TaskModeInput"];
-            /** @description Complete `<provider>/<model>` id; follow-ups keep it */
-            agent: string;
-            effort: components["schemas"]["EffortInput"];
-            archived: boolean;
-            /** Format: date-time */
-            createdAt: string;
-            /** Format: date-time */
-            updatedAt: string;
-            prs: components["schemas"]["PullRequestInput"][];
         };
-        JobInput: {
+        /** @description The task and its latest job (null only for a task without jobs) */
+        GetTaskResponse: {
+            task: components["schemas"]["Task"];
+            latestJob: components["schemas"]["Job"] | (null);
+        };
+        Job: {
             /** Format: uuid */
             id: string;
-            status: components["schemas"]["JobStatusInput"];
-            type: components["schemas"]["JobTypeInput"];
+            status: components["schemas"]["JobStatus"];
+            type: components["schemas"]["JobType"];
             agentProvider: string | null;
             agent: string | null;
             /** @description Text extracted from the user message that queued the job */
             input: string | null;
             finalAnswer: string | null;
             plan: string | null;
-            planOutcome: components["schemas"]["PlanOutcomeInput"] | null;
+            planOutcome: components["schemas"]["PlanOutcome"] | (null);
             error: string | null;
             /** Format: date-time */
             createdAt: string;
@@ -242,130 +240,26 @@ export interface components {
             /** Format: date-time */
             completedAt: string | null;
         };
-        TaskListItemInput: {
-            /** Format: uuid */
-            id: string;
-            /** @description Human-readable identifier, unique in the workspace; accepted wherever a task id is */
-            slug: string;
-            title: string;
-            url: string;
-            status: components["schemas"]["TaskStatusInput"];
-            mode: components["schemas"]["TaskModeInput"];
-            /** @description Complete `<provider>/<model>` id; follow-ups keep it */
-            agent: string;
-            effort: components["schemas"]["EffortInput"];
-            archived: boolean;
-            /** Format: date-time */
-            createdAt: string;
-            /** Format: date-time */
-            updatedAt: string;
-            prs: components["schemas"]["PullRequestInput"][];
-            latestJobStatus: components["schemas"]["JobStatusInput"] | null;
-        };
-        FileInputInput: {
-            /** @description File name; derived from the URL when absent */
-            name?: string;
-            /** @description `data:` URL with the inlined content (stored), `http(s):` URL (kept as a reference, never fetched) or a browser `blob:` URL (not an uploaded file: the task fails, naming the file) */
-            url: string;
-        };
-        CreateTaskBodyInput: {
-            /** @description The prompt; may start with `/trigger` to select a routing config */
-            command: string;
-            /** @description Sets the initial run type instead of the routing config */
-            userIntent?: components["schemas"]["UserIntentInput"];
-            /** @description Complete `<provider>/<model>` id, e.g. `anthropic/claude-sonnet-4-5`; a provider alone is rejected */
-            agent?: string;
-            effort?: components["schemas"]["EffortInput"];
-            title?: string;
-            files?: components["schemas"]["FileInputInput"][];
-        };
-        TaskAndJobInput: {
-            task: components["schemas"]["TaskInput"];
-            job: components["schemas"]["JobInput"];
-        };
-        ListTasksResponseInput: {
-            tasks: components["schemas"]["TaskListItemInput"][];
-            nextCursor: string | null;
-        };
-        GetTaskResponseInput: {
-            task: components["schemas"]["TaskInput"];
-            latestJob: components["schemas"]["JobInput"] | null;
-        };
-        ListJobsResponseInput: {
-            /** @description Newest page first; chronological within a page */
-            jobs: components["schemas"]["JobInput"][];
-            /** @description Cursor for the page of older jobs; null when none remain */
-            nextCursor: string | null;
-        };
-        SendMessageBodyInput: {
-            /** @description The follow-up text: an answer, a change request or a redirection */
-            message: string;
-            /**
-             * @description Switches the run type
-             * @enum {string}
-             */
-            userIntent?: "PLAN" | "SWE" | "ASK" | "DEV_ENVIRONMENT";
-            files?: components["schemas"]["FileInputInput"][];
-        };
-        ApprovePlanBodyInput: {
-            /** @description Optional extra instructions for the implementation */
-            message?: string;
-        };
-        CancelTaskResponseInput: {
-            task: components["schemas"]["TaskInput"];
-            cancelledJobs: components["schemas"]["JobInput"][];
-        };
-        TaskResponseInput: {
-            task: components["schemas"]["TaskInput"];
-        };
-        RoutingConfigInput: {
-            name: string;
-            /** @description `/name`; null for the `default` config */
-            trigger: string | null;
-            mode: components["schemas"]["RoutingModeInput"];
-            agent: string;
-            effort: components["schemas"]["EffortInput"];
-            instructions: string | null;
-            /** Format: date-time */
-            createdAt: string;
-            /** Format: date-time */
-            updatedAt: string;
-        };
-        PutRoutingConfigBodyInput: {
-            mode: components["schemas"]["RoutingModeInput"];
-            /** @description Complete `<provider>/<model>` id, e.g. `anthropic/claude-sonnet-4-5`; a provider alone is rejected */
-            agent: string;
-            effort: components["schemas"]["EffortInput"];
-            instructions?: string | null;
-        };
-        ListRoutingConfigsResponseInput: {
-            routingConfigs: components["schemas"]["RoutingConfigInput"][];
-        };
-        RoutingConfigResponseInput: {
-            routingConfig: components["schemas"]["RoutingConfigInput"];
-        };
-        ErrorEnvelopeInput: {
-            error: {
-                /** @enum {string} */
-                code: "validation_error" | "unauthorized" | "forbidden" | "not_found" | "method_not_allowed" | "conflict" | "payload_too_large" | "unsupported_media_type" | "rate_limited" | "internal_error" | "service_unavailable";
-                message: string;
-                details?: unknown;
-            };
-        };
         /** @enum {string} */
         JobStatus: "PENDING" | "IN_PROGRESS" | "COMPLETED" | "FAILED" | "CANCELLED";
         /** @enum {string} */
-        TaskStatus: "PENDING" | "IN_PROGRESS" | "AWAITING_INPUT" | "AWAITING_APPROVAL" | "IN_REVIEW" | "COMPLETED" | "FAILED" | "CANCELLED";
-        /** @enum {string} */
         JobType: "SWE" | "PLAN" | "ASK" | "DEV_ENVIRONMENT" | "GOAL" | "IMPLEMENT_PLAN";
-        /** @enum {string} */
-        UserIntent: "PLAN" | "SWE" | "ASK" | "DEV_ENVIRONMENT" | "GOAL";
-        /** @enum {string} */
-        TaskMode: "agent" | "plan" | "ask" | "goal" | "dev_env";
-        /** @enum {string} */
-        RoutingMode: "agent" | "plan" | "ask" | "goal";
-        /** @enum {string} */
-        Effort: "low" | "medium" | "high" | "xhigh" | "ultracode";
+        /** @description A page of jobs: the newest page first, chronological within a page */
+        ListJobsResponse: {
+            /** @description Newest page first; chronological within a page */
+            jobs: components["schemas"]["Job"][];
+            /** @description Cursor for the page of older jobs; null when none remain */
+            nextCursor: string | null;
+        };
+        /** @description Every routing config of the workspace by name, `default` included */
+        ListRoutingConfigsResponse: {
+            routingConfigs: components["schemas"]["RoutingConfig"][];
+        };
+        /** @description A page of tasks, newest first; `nextCursor` is null on the last page */
+        ListTasksResponse: {
+            tasks: components["schemas"]["TaskListItem"][];
+            nextCursor: string | null;
+        };
         /** @enum {string} */
         PlanOutcome: "READY" | "NATIVE" | "APPROVED";
         PullRequest: {
@@ -375,6 +269,42 @@ export interface components {
             title: string;
             /** @enum {string} */
             state: "open" | "merged" | "closed";
+        };
+        PutRoutingConfigBody: {
+            mode: components["schemas"]["RoutingMode"];
+            /** @description Complete `<provider>/<model>` id, e.g. `anthropic/claude-sonnet-4-5`; a provider alone is rejected */
+            agent: string;
+            effort: components["schemas"]["Effort"];
+            instructions?: string | null;
+        };
+        RoutingConfig: {
+            name: string;
+            /** @description `/name`; null for the `default` config */
+            trigger: string | null;
+            mode: components["schemas"]["RoutingMode"];
+            agent: string;
+            effort: components["schemas"]["Effort"];
+            instructions: string | null;
+            /** Format: date-time */
+            createdAt: string;
+            /** Format: date-time */
+            updatedAt: string;
+        };
+        /** @description The routing config as stored */
+        RoutingConfigResponse: {
+            routingConfig: components["schemas"]["RoutingConfig"];
+        };
+        /** @enum {string} */
+        RoutingMode: "agent" | "plan" | "ask" | "goal";
+        SendMessageBody: {
+            /** @description The follow-up text: an answer, a change request or a redirection */
+            message: string;
+            /**
+             * @description Switches the run type
+             * @enum {string}
+             */
+            userIntent?: "PLAN" | "SWE" | "ASK" | "DEV_ENVIRONMENT";
+            files?: components["schemas"]["FileInput"][];
         };
         Task: {
             /** Format: uuid */
@@ -395,25 +325,10 @@ export interface components {
             updatedAt: string;
             prs: components["schemas"]["PullRequest"][];
         };
-        Job: {
-            /** Format: uuid */
-            id: string;
-            status: components["schemas"]["JobStatus"];
-            type: components["schemas"]["JobType"];
-            agentProvider: string | null;
-            agent: string | null;
-            /** @description Text extracted from the user message that queued the job */
-            input: string | null;
-            finalAnswer: string | null;
-            plan: string | null;
-            planOutcome: components["schemas"]["PlanOutcome"] | null;
-            error: string | null;
-            /** Format: date-time */
-            createdAt: string;
-            /** Format: date-time */
-            startedAt: string | null;
-            /** Format: date-time */
-            completedAt: string | null;
+        /** @description The task and the job this request queued */
+        TaskAndJob: {
+            task: components["schemas"]["Task"];
+            job: components["schemas"]["Job"];
         };
         TaskListItem: {
             /** Format: uuid */
@@ -433,103 +348,28 @@ export interface components {
             /** Format: date-time */
             updatedAt: string;
             prs: components["schemas"]["PullRequest"][];
-            latestJobStatus: components["schemas"]["JobStatus"] | null;
+            latestJobStatus: components["schemas"]["JobStatus"] | (null);
         };
-        FileInput: {
-            /** @description File name; derived from the URL when absent */
-            name?: string;
-            /** @description `data:` URL with the inlined content (stored), `http(s):` URL (kept as a reference, never fetched) or a browser `blob:` URL (not an uploaded file: the task fails, naming the file) */
-            url: string;
-        };
-        CreateTaskBody: {
-            /** @description The prompt; may start with `/trigger` to select a routing config */
-            command: string;
-            /** @description Sets the initial run type instead of the routing config */
-            userIntent?: components["schemas"]["UserIntent"];
-            /** @description Complete `<provider>/<model>` id, e.g. `anthropic/claude-sonnet-4-5`; a provider alone is rejected */
-            agent?: string;
-            effort?: components["schemas"]["Effort"];
-            title?: string;
-            files?: components["schemas"]["FileInput"][];
-        };
-        TaskAndJob: {
-            task: components["schemas"]["Task"];
-            job: components["schemas"]["Job"];
-        };
-        ListTasksResponse: {
-            tasks: components["schemas"]["TaskListItem"][];
-            nextCursor: string | null;
-        };
-        GetTaskResponse: {
-            task: components["schemas"]["Task"];
-            latestJob: components["schemas"]["Job"] | null;
-        };
-        ListJobsResponse: {
-            /** @description Newest page first; chronological within a page */
-            jobs: components["schemas"]["Job"][];
-            /** @description Cursor for the page of older jobs; null when none remain */
-            nextCursor: string | null;
-        };
-        SendMessageBody: {
-            /** @description The follow-up text: an answer, a change request or a redirection */
-            message: string;
-            /**
-             * @description Switches the run type
-             * @enum {string}
-             */
-            userIntent?: "PLAN" | "SWE" | "ASK" | "DEV_ENVIRONMENT";
-            files?: components["schemas"]["FileInput"][];
-        };
-        ApprovePlanBody: {
-            /** @description Optional extra instructions for the implementation */
-            message?: string;
-        };
-        CancelTaskResponse: {
-            task: components["schemas"]["Task"];
-            cancelledJobs: components["schemas"]["Job"][];
-        };
+        /** @enum {string} */
+        TaskMode: "agent" | "plan" | "ask" | "goal" | "dev_env";
+        /** @description The task */
         TaskResponse: {
             task: components["schemas"]["Task"];
         };
-        RoutingConfig: {
-            name: string;
-            /** @description `/name`; null for the `default` config */
-            trigger: string | null;
-            mode: components["schemas"]["RoutingMode"];
-            agent: string;
-            effort: components["schemas"]["Effort"];
-            instructions: string | null;
-            /** Format: date-time */
-            createdAt: string;
-            /** Format: date-time */
-            updatedAt: string;
-        };
-        PutRoutingConfigBody: {
-            mode: components["schemas"]["RoutingMode"];
-            /** @description Complete `<provider>/<model>` id, e.g. `anthropic/claude-sonnet-4-5`; a provider alone is rejected */
-            agent: string;
-            effort: components["schemas"]["Effort"];
-            instructions?: string | null;
-        };
-        ListRoutingConfigsResponse: {
-            routingConfigs: components["schemas"]["RoutingConfig"][];
-        };
-        RoutingConfigResponse: {
-            routingConfig: components["schemas"]["RoutingConfig"];
-        };
-        ErrorEnvelope: {
-            error: {
-                /** @enum {string} */
-                code: "validation_error" | "unauthorized" | "forbidden" | "not_found" | "method_not_allowed" | "conflict" | "payload_too_large" | "unsupported_media_type" | "rate_limited" | "internal_error" | "service_unavailable";
-                message: string;
-                details?: unknown;
-            };
-        };
+        /** @enum {string} */
+        TaskStatus: "PENDING" | "IN_PROGRESS" | "AWAITING_INPUT" | "AWAITING_APPROVAL" | "IN_REVIEW" | "COMPLETED" | "FAILED" | "CANCELLED";
+        /** @enum {string} */
+        UserIntent: "PLAN" | "SWE" | "ASK" | "DEV_ENVIRONMENT" | "GOAL";
     };
     responses: never;
     parameters: never;
     requestBodies: never;
-    headers: never;
+    headers: {
+        /** @description The request id: the `X-Request-Id` the request sent if well-formed (1–128 letters, digits, `.`, `_`, `:` or `-`), otherwise a fresh UUID. The server logs it with every line about the request. */
+        RequestId: string;
+        /** @description Seconds to wait before the key is below its limit again */
+        RetryAfter: number;
+    };
     pathItems: never;
 }
 export type $defs = Record<string, never>;
@@ -550,47 +390,51 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description Default Response */
+            /** @description A page of tasks, newest first; `nextCursor` is null on the last page */
             200: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ListTasksResponse"];
                 };
             };
-            /** @description `validation_error`: the request is invalid; `details.issues` lists `{ field, message }` */
+            /** @description `validation_error`: the body (or its JSON), query, path or headers are invalid, e.g. "Invalid request body", "Invalid query parameters", "Invalid path parameters"; `details.issues` lists `{ field, message }` */
             400: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `unauthorized`: invalid or missing API key */
+            /** @description `unauthorized` "Invalid or missing API key": no key, another scheme than Bearer, or a malformed, unknown, expired or revoked key */
             401: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `rate_limited`: over 100 requests per minute or 1,000 per hour for this key; see `Retry-After` */
+            /** @description `rate_limited` "Rate limit exceeded. Max 100 requests per minute." (or "… Max 1000 requests per hour."): over the limit of this key; `Retry-After` says when to try again, `details` is `{ window, limit, retryAfterSeconds }` */
             429: {
                 headers: {
-                    /** @description Seconds to wait before the next request is accepted */
-                    "Retry-After"?: number;
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    "Retry-After": components["headers"]["RetryAfter"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `internal_error`: server failure */
+            /** @description `internal_error` "Server error": server failure; the details are only in the server log */
             500: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -608,69 +452,75 @@ export interface operations {
         };
         requestBody: {
             content: {
-                "application/json": components["schemas"]["CreateTaskBodyInput"];
+                "application/json": components["schemas"]["CreateTaskBody"];
             };
         };
         responses: {
-            /** @description Default Response */
+            /** @description The task and the job this request queued */
             201: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["TaskAndJob"];
                 };
             };
-            /** @description `validation_error`: the request is invalid; `details.issues` lists `{ field, message }` */
+            /** @description `validation_error`: the body (or its JSON), query, path or headers are invalid, e.g. "Invalid request body", "Invalid query parameters", "Invalid path parameters"; `details.issues` lists `{ field, message }` */
             400: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `unauthorized`: invalid or missing API key */
+            /** @description `unauthorized` "Invalid or missing API key": no key, another scheme than Bearer, or a malformed, unknown, expired or revoked key */
             401: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `payload_too_large`: the request body is over its limit */
+            /** @description `payload_too_large` "Request body is too large": over 1 MiB, or 36 MiB on the routes that take `files` */
             413: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `unsupported_media_type`: the body is not application/json */
+            /** @description `unsupported_media_type`: a body that is not `application/json` */
             415: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `rate_limited`: over 100 requests per minute or 1,000 per hour for this key; see `Retry-After` */
+            /** @description `rate_limited` "Rate limit exceeded. Max 100 requests per minute." (or "… Max 1000 requests per hour."): over the limit of this key; `Retry-After` says when to try again, `details` is `{ window, limit, retryAfterSeconds }` */
             429: {
                 headers: {
-                    /** @description Seconds to wait before the next request is accepted */
-                    "Retry-After"?: number;
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    "Retry-After": components["headers"]["RetryAfter"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `internal_error`: server failure */
+            /** @description `internal_error` "Server error": server failure; the details are only in the server log */
             500: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -691,47 +541,61 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description Default Response */
+            /** @description The task and its latest job (null only for a task without jobs) */
             200: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["GetTaskResponse"];
                 };
             };
-            /** @description `unauthorized`: invalid or missing API key */
+            /** @description `validation_error`: the body (or its JSON), query, path or headers are invalid, e.g. "Invalid request body", "Invalid query parameters", "Invalid path parameters"; `details.issues` lists `{ field, message }` */
+            400: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description `unauthorized` "Invalid or missing API key": no key, another scheme than Bearer, or a malformed, unknown, expired or revoked key */
             401: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `not_found`: no such task in the key's workspace */
+            /** @description `not_found`: the task ("Task not found") or routing config ("Routing config not found") named in the path does not exist in the key's workspace */
             404: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `rate_limited`: over 100 requests per minute or 1,000 per hour for this key; see `Retry-After` */
+            /** @description `rate_limited` "Rate limit exceeded. Max 100 requests per minute." (or "… Max 1000 requests per hour."): over the limit of this key; `Retry-After` says when to try again, `details` is `{ window, limit, retryAfterSeconds }` */
             429: {
                 headers: {
-                    /** @description Seconds to wait before the next request is accepted */
-                    "Retry-After"?: number;
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    "Retry-After": components["headers"]["RetryAfter"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `internal_error`: server failure */
+            /** @description `internal_error` "Server error": server failure; the details are only in the server log */
             500: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -755,56 +619,61 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description Default Response */
+            /** @description A page of jobs: the newest page first, chronological within a page */
             200: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ListJobsResponse"];
                 };
             };
-            /** @description `validation_error`: the request is invalid; `details.issues` lists `{ field, message }` */
+            /** @description `validation_error`: the body (or its JSON), query, path or headers are invalid, e.g. "Invalid request body", "Invalid query parameters", "Invalid path parameters"; `details.issues` lists `{ field, message }` */
             400: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `unauthorized`: invalid or missing API key */
+            /** @description `unauthorized` "Invalid or missing API key": no key, another scheme than Bearer, or a malformed, unknown, expired or revoked key */
             401: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `not_found`: no such task in the key's workspace */
+            /** @description `not_found`: the task ("Task not found") or routing config ("Routing config not found") named in the path does not exist in the key's workspace */
             404: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `rate_limited`: over 100 requests per minute or 1,000 per hour for this key; see `Retry-After` */
+            /** @description `rate_limited` "Rate limit exceeded. Max 100 requests per minute." (or "… Max 1000 requests per hour."): over the limit of this key; `Retry-After` says when to try again, `details` is `{ window, limit, retryAfterSeconds }` */
             429: {
                 headers: {
-                    /** @description Seconds to wait before the next request is accepted */
-                    "Retry-After"?: number;
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    "Retry-After": components["headers"]["RetryAfter"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `internal_error`: server failure */
+            /** @description `internal_error` "Server error": server failure; the details are only in the server log */
             500: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -825,87 +694,95 @@ export interface operations {
         };
         requestBody: {
             content: {
-                "application/json": components["schemas"]["SendMessageBodyInput"];
+                "application/json": components["schemas"]["SendMessageBody"];
             };
         };
         responses: {
-            /** @description Default Response */
+            /** @description The task and the job this request queued */
             201: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["TaskAndJob"];
                 };
             };
-            /** @description `validation_error`: the request is invalid; `details.issues` lists `{ field, message }` */
+            /** @description `validation_error`: the body (or its JSON), query, path or headers are invalid, e.g. "Invalid request body", "Invalid query parameters", "Invalid path parameters"; `details.issues` lists `{ field, message }` */
             400: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `unauthorized`: invalid or missing API key */
+            /** @description `unauthorized` "Invalid or missing API key": no key, another scheme than Bearer, or a malformed, unknown, expired or revoked key */
             401: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `not_found`: no such task in the key's workspace */
+            /** @description `not_found`: the task ("Task not found") or routing config ("Routing config not found") named in the path does not exist in the key's workspace */
             404: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `conflict`: the task is not in a state that allows this */
+            /** @description `conflict`: the task's status does not allow this action, or the `default` routing config would be deleted; the message says which */
             409: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `payload_too_large`: the request body is over its limit */
+            /** @description `payload_too_large` "Request body is too large": over 1 MiB, or 36 MiB on the routes that take `files` */
             413: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `unsupported_media_type`: the body is not application/json */
+            /** @description `unsupported_media_type`: a body that is not `application/json` */
             415: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `rate_limited`: over 100 requests per minute or 1,000 per hour for this key; see `Retry-After` */
+            /** @description `rate_limited` "Rate limit exceeded. Max 100 requests per minute." (or "… Max 1000 requests per hour."): over the limit of this key; `Retry-After` says when to try again, `details` is `{ window, limit, retryAfterSeconds }` */
             429: {
                 headers: {
-                    /** @description Seconds to wait before the next request is accepted */
-                    "Retry-After"?: number;
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    "Retry-After": components["headers"]["RetryAfter"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `internal_error`: server failure */
+            /** @description `internal_error` "Server error": server failure; the details are only in the server log */
             500: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -924,80 +801,97 @@ export interface operations {
             };
             cookie?: never;
         };
-        requestBody: {
+        requestBody?: {
             content: {
-                "application/json": components["schemas"]["ApprovePlanBodyInput"] | null;
+                "application/json": components["schemas"]["ApprovePlanBody"];
             };
         };
         responses: {
-            /** @description Default Response */
+            /** @description The task and the job this request queued */
             201: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["TaskAndJob"];
                 };
             };
-            /** @description `validation_error`: the request is invalid; `details.issues` lists `{ field, message }` */
+            /** @description `validation_error`: the body (or its JSON), query, path or headers are invalid, e.g. "Invalid request body", "Invalid query parameters", "Invalid path parameters"; `details.issues` lists `{ field, message }` */
             400: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `unauthorized`: invalid or missing API key */
+            /** @description `unauthorized` "Invalid or missing API key": no key, another scheme than Bearer, or a malformed, unknown, expired or revoked key */
             401: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `not_found`: no such task in the key's workspace */
+            /** @description `not_found`: the task ("Task not found") or routing config ("Routing config not found") named in the path does not exist in the key's workspace */
             404: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `conflict`: the task is not in a state that allows this */
+            /** @description `conflict`: the task's status does not allow this action, or the `default` routing config would be deleted; the message says which */
             409: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `unsupported_media_type`: the body is not application/json */
+            /** @description `payload_too_large` "Request body is too large": over 1 MiB, or 36 MiB on the routes that take `files` */
+            413: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description `unsupported_media_type`: a body that is not `application/json` */
             415: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `rate_limited`: over 100 requests per minute or 1,000 per hour for this key; see `Retry-After` */
+            /** @description `rate_limited` "Rate limit exceeded. Max 100 requests per minute." (or "… Max 1000 requests per hour."): over the limit of this key; `Retry-After` says when to try again, `details` is `{ window, limit, retryAfterSeconds }` */
             429: {
                 headers: {
-                    /** @description Seconds to wait before the next request is accepted */
-                    "Retry-After"?: number;
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    "Retry-After": components["headers"]["RetryAfter"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `internal_error`: server failure */
+            /** @description `internal_error` "Server error": server failure; the details are only in the server log */
             500: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -1018,56 +912,91 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description Default Response */
+            /** @description The cancelled task and the jobs this request cancelled (none when it already was) */
             200: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["CancelTaskResponse"];
                 };
             };
-            /** @description `unauthorized`: invalid or missing API key */
+            /** @description `validation_error`: the body (or its JSON), query, path or headers are invalid, e.g. "Invalid request body", "Invalid query parameters", "Invalid path parameters"; `details.issues` lists `{ field, message }` */
+            400: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description `unauthorized` "Invalid or missing API key": no key, another scheme than Bearer, or a malformed, unknown, expired or revoked key */
             401: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `not_found`: no such task in the key's workspace */
+            /** @description `not_found`: the task ("Task not found") or routing config ("Routing config not found") named in the path does not exist in the key's workspace */
             404: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `conflict`: the task is not in a state that allows this */
+            /** @description `conflict`: the task's status does not allow this action, or the `default` routing config would be deleted; the message says which */
             409: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `rate_limited`: over 100 requests per minute or 1,000 per hour for this key; see `Retry-After` */
+            /** @description `payload_too_large` "Request body is too large": over 1 MiB, or 36 MiB on the routes that take `files` */
+            413: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description `unsupported_media_type`: a body that is not `application/json` */
+            415: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description `rate_limited` "Rate limit exceeded. Max 100 requests per minute." (or "… Max 1000 requests per hour."): over the limit of this key; `Retry-After` says when to try again, `details` is `{ window, limit, retryAfterSeconds }` */
             429: {
                 headers: {
-                    /** @description Seconds to wait before the next request is accepted */
-                    "Retry-After"?: number;
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    "Retry-After": components["headers"]["RetryAfter"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `internal_error`: server failure */
+            /** @description `internal_error` "Server error": server failure; the details are only in the server log */
             500: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -1088,56 +1017,91 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description Default Response */
+            /** @description The task */
             200: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["TaskResponse"];
                 };
             };
-            /** @description `unauthorized`: invalid or missing API key */
+            /** @description `validation_error`: the body (or its JSON), query, path or headers are invalid, e.g. "Invalid request body", "Invalid query parameters", "Invalid path parameters"; `details.issues` lists `{ field, message }` */
+            400: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description `unauthorized` "Invalid or missing API key": no key, another scheme than Bearer, or a malformed, unknown, expired or revoked key */
             401: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `not_found`: no such task in the key's workspace */
+            /** @description `not_found`: the task ("Task not found") or routing config ("Routing config not found") named in the path does not exist in the key's workspace */
             404: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `conflict`: the task is not in a state that allows this */
+            /** @description `conflict`: the task's status does not allow this action, or the `default` routing config would be deleted; the message says which */
             409: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `rate_limited`: over 100 requests per minute or 1,000 per hour for this key; see `Retry-After` */
+            /** @description `payload_too_large` "Request body is too large": over 1 MiB, or 36 MiB on the routes that take `files` */
+            413: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description `unsupported_media_type`: a body that is not `application/json` */
+            415: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description `rate_limited` "Rate limit exceeded. Max 100 requests per minute." (or "… Max 1000 requests per hour."): over the limit of this key; `Retry-After` says when to try again, `details` is `{ window, limit, retryAfterSeconds }` */
             429: {
                 headers: {
-                    /** @description Seconds to wait before the next request is accepted */
-                    "Retry-After"?: number;
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    "Retry-After": components["headers"]["RetryAfter"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `internal_error`: server failure */
+            /** @description `internal_error` "Server error": server failure; the details are only in the server log */
             500: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -1155,38 +1119,51 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description Default Response */
+            /** @description Every routing config of the workspace by name, `default` included */
             200: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ListRoutingConfigsResponse"];
                 };
             };
-            /** @description `unauthorized`: invalid or missing API key */
+            /** @description `validation_error`: the body (or its JSON), query, path or headers are invalid, e.g. "Invalid request body", "Invalid query parameters", "Invalid path parameters"; `details.issues` lists `{ field, message }` */
+            400: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description `unauthorized` "Invalid or missing API key": no key, another scheme than Bearer, or a malformed, unknown, expired or revoked key */
             401: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `rate_limited`: over 100 requests per minute or 1,000 per hour for this key; see `Retry-After` */
+            /** @description `rate_limited` "Rate limit exceeded. Max 100 requests per minute." (or "… Max 1000 requests per hour."): over the limit of this key; `Retry-After` says when to try again, `details` is `{ window, limit, retryAfterSeconds }` */
             429: {
                 headers: {
-                    /** @description Seconds to wait before the next request is accepted */
-                    "Retry-After"?: number;
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    "Retry-After": components["headers"]["RetryAfter"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `internal_error`: server failure */
+            /** @description `internal_error` "Server error": server failure; the details are only in the server log */
             500: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -1207,60 +1184,75 @@ export interface operations {
         };
         requestBody: {
             content: {
-                "application/json": components["schemas"]["PutRoutingConfigBodyInput"];
+                "application/json": components["schemas"]["PutRoutingConfigBody"];
             };
         };
         responses: {
-            /** @description Default Response */
+            /** @description The routing config as stored */
             200: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["RoutingConfigResponse"];
                 };
             };
-            /** @description `validation_error`: the request is invalid; `details.issues` lists `{ field, message }` */
+            /** @description `validation_error`: the body (or its JSON), query, path or headers are invalid, e.g. "Invalid request body", "Invalid query parameters", "Invalid path parameters"; `details.issues` lists `{ field, message }` */
             400: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `unauthorized`: invalid or missing API key */
+            /** @description `unauthorized` "Invalid or missing API key": no key, another scheme than Bearer, or a malformed, unknown, expired or revoked key */
             401: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `unsupported_media_type`: the body is not application/json */
+            /** @description `payload_too_large` "Request body is too large": over 1 MiB, or 36 MiB on the routes that take `files` */
+            413: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description `unsupported_media_type`: a body that is not `application/json` */
             415: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `rate_limited`: over 100 requests per minute or 1,000 per hour for this key; see `Retry-After` */
+            /** @description `rate_limited` "Rate limit exceeded. Max 100 requests per minute." (or "… Max 1000 requests per hour."): over the limit of this key; `Retry-After` says when to try again, `details` is `{ window, limit, retryAfterSeconds }` */
             429: {
                 headers: {
-                    /** @description Seconds to wait before the next request is accepted */
-                    "Retry-After"?: number;
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    "Retry-After": components["headers"]["RetryAfter"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `internal_error`: server failure */
+            /** @description `internal_error` "Server error": server failure; the details are only in the server log */
             500: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -1284,53 +1276,86 @@ export interface operations {
             /** @description Deleted */
             204: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description `validation_error`: the body (or its JSON), query, path or headers are invalid, e.g. "Invalid request body", "Invalid query parameters", "Invalid path parameters"; `details.issues` lists `{ field, message }` */
+            400: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": null;
+                    "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `unauthorized`: invalid or missing API key */
+            /** @description `unauthorized` "Invalid or missing API key": no key, another scheme than Bearer, or a malformed, unknown, expired or revoked key */
             401: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `not_found`: no such task in the key's workspace */
+            /** @description `not_found`: the task ("Task not found") or routing config ("Routing config not found") named in the path does not exist in the key's workspace */
             404: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `conflict`: the task is not in a state that allows this */
+            /** @description `conflict`: the task's status does not allow this action, or the `default` routing config would be deleted; the message says which */
             409: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `rate_limited`: over 100 requests per minute or 1,000 per hour for this key; see `Retry-After` */
+            /** @description `payload_too_large` "Request body is too large": over 1 MiB, or 36 MiB on the routes that take `files` */
+            413: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description `unsupported_media_type`: a body that is not `application/json` */
+            415: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description `rate_limited` "Rate limit exceeded. Max 100 requests per minute." (or "… Max 1000 requests per hour."): over the limit of this key; `Retry-After` says when to try again, `details` is `{ window, limit, retryAfterSeconds }` */
             429: {
                 headers: {
-                    /** @description Seconds to wait before the next request is accepted */
-                    "Retry-After"?: number;
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    "Retry-After": components["headers"]["RetryAfter"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `internal_error`: server failure */
+            /** @description `internal_error` "Server error": server failure; the details are only in the server log */
             500: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -1362,53 +1387,58 @@ export interface operations {
             /** @description Server-Sent Events */
             200: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "text/event-stream": string;
                 };
             };
-            /** @description `validation_error`: the request is invalid; `details.issues` lists `{ field, message }` */
+            /** @description `validation_error`: the body (or its JSON), query, path or headers are invalid, e.g. "Invalid request body", "Invalid query parameters", "Invalid path parameters"; `details.issues` lists `{ field, message }` */
             400: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `unauthorized`: invalid or missing API key */
+            /** @description `unauthorized` "Invalid or missing API key": no key, another scheme than Bearer, or a malformed, unknown, expired or revoked key */
             401: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `not_found`: no such task in the key's workspace */
+            /** @description `not_found`: the task ("Task not found") or routing config ("Routing config not found") named in the path does not exist in the key's workspace */
             404: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `rate_limited`: over 100 requests per minute or 1,000 per hour for this key; see `Retry-After` */
+            /** @description `rate_limited` "Rate limit exceeded. Max 100 requests per minute." (or "… Max 1000 requests per hour."): over the limit of this key; `Retry-After` says when to try again, `details` is `{ window, limit, retryAfterSeconds }` */
             429: {
                 headers: {
-                    /** @description Seconds to wait before the next request is accepted */
-                    "Retry-After"?: number;
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    "Retry-After": components["headers"]["RetryAfter"];
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `internal_error`: server failure */
+            /** @description `internal_error` "Server error": server failure; the details are only in the server log */
             500: {
                 headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;
                 };
                 content: {

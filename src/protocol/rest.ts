@@ -135,7 +135,9 @@ export const CreateTaskBody = z
   .meta({ id: 'CreateTaskBody' });
 export type CreateTaskBody = z.infer<typeof CreateTaskBody>;
 
-export const TaskAndJob = z.object({ task: Task, job: Job }).meta({ id: 'TaskAndJob' });
+export const TaskAndJob = z
+  .object({ task: Task, job: Job })
+  .meta({ id: 'TaskAndJob', description: 'The task and the job this request queued' });
 export type TaskAndJob = z.infer<typeof TaskAndJob>;
 
 export const ListTasksQuery = z.object({
@@ -154,14 +156,16 @@ export type ListTasksQuery = z.infer<typeof ListTasksQuery>;
 
 export const ListTasksResponse = z
   .object({ tasks: z.array(TaskListItem), nextCursor: z.string().nullable() })
-  .meta({ id: 'ListTasksResponse' });
+  .meta({ id: 'ListTasksResponse', description: 'A page of tasks, newest first; `nextCursor` is null on the last page' });
 export type ListTasksResponse = z.infer<typeof ListTasksResponse>;
 
 export const TaskParams = z.object({
   taskIdOrSlug: z.string().min(1).max(200).describe('Task UUID or slug'),
 });
 
-export const GetTaskResponse = z.object({ task: Task, latestJob: Job.nullable() }).meta({ id: 'GetTaskResponse' });
+export const GetTaskResponse = z
+  .object({ task: Task, latestJob: Job.nullable() })
+  .meta({ id: 'GetTaskResponse', description: 'The task and its latest job (null only for a task without jobs)' });
 export type GetTaskResponse = z.infer<typeof GetTaskResponse>;
 
 export const ListJobsQuery = z.object({
@@ -175,7 +179,7 @@ export const ListJobsResponse = z
     jobs: z.array(Job).describe('Newest page first; chronological within a page'),
     nextCursor: z.string().nullable().describe('Cursor for the page of older jobs; null when none remain'),
   })
-  .meta({ id: 'ListJobsResponse' });
+  .meta({ id: 'ListJobsResponse', description: 'A page of jobs: the newest page first, chronological within a page' });
 export type ListJobsResponse = z.infer<typeof ListJobsResponse>;
 
 export const SendMessageBody = z
@@ -196,10 +200,10 @@ export type ApprovePlanBody = z.infer<typeof ApprovePlanBody>;
 
 export const CancelTaskResponse = z
   .object({ task: Task, cancelledJobs: z.array(Job) })
-  .meta({ id: 'CancelTaskResponse' });
+  .meta({ id: 'CancelTaskResponse', description: 'The cancelled task and the jobs this request cancelled (none when it already was)' });
 export type CancelTaskResponse = z.infer<typeof CancelTaskResponse>;
 
-export const TaskResponse = z.object({ task: Task }).meta({ id: 'TaskResponse' });
+export const TaskResponse = z.object({ task: Task }).meta({ id: 'TaskResponse', description: 'The task' });
 export type TaskResponse = z.infer<typeof TaskResponse>;
 
 export const RoutingConfig = z
@@ -232,6 +236,8 @@ export type PutRoutingConfigBody = z.infer<typeof PutRoutingConfigBody>;
 
 export const ListRoutingConfigsResponse = z
   .object({ routingConfigs: z.array(RoutingConfig) })
-  .meta({ id: 'ListRoutingConfigsResponse' });
+  .meta({ id: 'ListRoutingConfigsResponse', description: 'Every routing config of the workspace by name, `default` included' });
 
-export const RoutingConfigResponse = z.object({ routingConfig: RoutingConfig }).meta({ id: 'RoutingConfigResponse' });
+export const RoutingConfigResponse = z
+  .object({ routingConfig: RoutingConfig })
+  .meta({ id: 'RoutingConfigResponse', description: 'The routing config as stored' });

@@ -16,12 +16,13 @@ import { z } from 'zod';
 import type { Database } from '../store/db.js';
 import type { RateLimits } from '../store/rate-limit.js';
 import { makeAuthenticator } from './auth.js';
-import { installErrorHandling } from './errors.js';
+import { installErrorHandling, sendError, toAppError } from './errors.js';
 import { EventHub } from './event-hub.js';
 import { logRoutes } from './rest/logs.js';
 import { routingRoutes } from './rest/routing.js';
+import { BODY_LIMIT_BYTES, edgeErrorResponses } from './rest/responses.js';
 import { taskRoutes } from './rest/tasks.js';
-import { AppError } from '../domain/errors.js';
+import { AppError, ValidationError } from '../domain/errors.js';
 
 export const API_PREFIX = '/api/v1';
 export const API_VERSION = '1.0.0';
@@ -35,38 +36,194 @@ export interface ServerOptions {
 }
 
 const REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/;
+/** The longest path parameter the router takes, as TaskParams says; longer is a 400 before any route runs. */
+const MAX_PARAM_LENGTH = 200;
 
-/** Moves a response schema marked `x-media-type` from application/json to that media type. */
-function documentMediaTypes<T>(document: T): T {
-  type Media = Record<string, { schema?: Record<string, unknown> }>;
-  const paths = (document as { paths?: Record<string, Record<string, { responses?: Record<string, { content?: Media }> }>> }).paths;
-  for (const operations of Object.values(paths ?? {})) {
-    for (const operation of Object.values(operations)) {
-      for (const response of Object.values(operation.responses ?? {})) {
-        const schema = response.content?.['application/json']?.schema;
-        const mediaType = schema?.['x-media-type'];
-        if (typeof mediaType !== 'string' || !schema) continue;
+type Json = Record<string, unknown>;
+type Operation = { requestBody?: Json & { content?: Record<string, { schema?: Json }> }; responses?: Record<string, Json & { content?: Record<string, { schema?: Json }> }> };
+
+const isObject = (value: unknown): value is Json => typeof value === 'object' && value !== null && !Array.isArray(value);
+
+function operationsOf(document: Json): Operation[] {
+  const paths = isObject(document.paths) ? document.paths : {};
+  return Object.values(paths).flatMap((item) => (isObject(item) ? Object.values(item).filter(isObject) : [])) as Operation[];
+}
+
+/** Calls `visit` on every object in `value`, parents before children. */
+function walk(value: unknown, visit: (node: Json) => void): void {
+  if (Array.isArray(value)) {
+    for (const item of value) walk(item, visit);
+  } else if (isObject(value)) {
+    visit(value);
+    for (const child of Object.values(value)) walk(child, visit);
+  }
+}
+
+const SCHEMAS_REF = '#/components/schemas/';
+const refName = (ref: unknown): string | null => (typeof ref === 'string' && ref.startsWith(SCHEMAS_REF) ? ref.slice(SCHEMAS_REF.length) : null);
+
+function renameRefs(value: unknown, names: Map<string, string>): void {
+  walk(value, (node) => {
+    const name = refName(node.$ref);
+    const renamed = name === null ? undefined : names.get(name);
+    if (renamed !== undefined) node.$ref = SCHEMAS_REF + renamed;
+  });
+}
+
+/**
+ * Response media types and headers: a response schema marked `x-media-type` moves from application/json
+ * to that media type; a 204 has no body; every answer carries `X-Request-Id` and every 429 `Retry-After`.
+ */
+function documentResponses(document: Json): void {
+  const components = (document.components ??= {}) as Json;
+  components.headers = {
+    ...(components.headers as Json | undefined),
+    RequestId: {
+      description:
+        'The request id: the `X-Request-Id` the request sent if well-formed (1–128 letters, digits, `.`, `_`, `:` or `-`), ' +
+        'otherwise a fresh UUID. The server logs it with every line about the request.',
+      schema: { type: 'string' },
+    },
+    RetryAfter: {
+      description: 'Seconds to wait before the key is below its limit again',
+      schema: { type: 'integer', minimum: 1 },
+    },
+  };
+  const schemas = isObject(components.schemas) ? components.schemas : {};
+  for (const operation of operationsOf(document)) {
+    for (const [status, response] of Object.entries(operation.responses ?? {})) {
+      const schema = response.content?.['application/json']?.schema;
+      // @fastify/swagger does not see the description of a zod component: take it from there.
+      const component = schemas[refName(schema?.$ref) ?? ''];
+      if (response.description === 'Default Response' && isObject(component) && typeof component.description === 'string') {
+        response.description = component.description;
+      }
+      const mediaType = schema?.['x-media-type'];
+      if (typeof mediaType === 'string' && schema) {
         const { 'x-media-type': _marker, ...rest } = schema;
         response.content = { [mediaType]: { schema: rest } };
       }
+      if (status === '204') delete response.content;
+      response.headers = {
+        ...(response.headers as Json | undefined),
+        'X-Request-Id': { $ref: '#/components/headers/RequestId' },
+        ...(status === '429' ? { 'Retry-After': { $ref: '#/components/headers/RetryAfter' } } : {}),
+      };
     }
   }
-  return document;
 }
 
-/** Adds the `Retry-After` header to every documented 429 answer. */
-function documentRetryAfter<T>(document: T): T {
-  const paths = (document as { paths?: Record<string, Record<string, { responses?: Record<string, Record<string, unknown>> }>> }).paths;
-  for (const operations of Object.values(paths ?? {})) {
-    for (const operation of Object.values(operations)) {
-      const limited = operation.responses?.['429'];
-      if (limited) {
-        limited.headers = {
-          'Retry-After': { description: 'Seconds to wait before the next request is accepted', schema: { type: 'integer', minimum: 1 } },
-        };
+/** A route whose body schema is nullable (`.nullish()`) takes an optional body: say so instead. */
+function documentOptionalBodies(document: Json): void {
+  for (const operation of operationsOf(document)) {
+    const body = operation.requestBody;
+    for (const media of Object.values(body?.content ?? {})) {
+      const schema = media.schema;
+      if (!body || !schema || schema.nullable !== true) continue;
+      body.required = false;
+      const { nullable: _nullable, ...rest } = schema;
+      const only = Array.isArray(rest.allOf) && rest.allOf.length === 1 && Object.keys(rest).length === 1 ? rest.allOf[0] : null;
+      media.schema = isObject(only) ? only : rest;
+    }
+  }
+}
+
+/** zod's `z.null()` in OpenAPI 3.0 (which has no null type): the null branch of a nullable reference. */
+const nullSchema = (): Json => ({ type: 'string', nullable: true, enum: [null] });
+const ANNOTATIONS = new Set(['description', 'title', 'default', 'example', 'deprecated', 'readOnly', 'writeOnly']);
+
+/**
+ * Makes the schemas mean in OpenAPI 3.0.3 what zod means. `nullable` only acts next to a `type` (3.0.3),
+ * so a nullable reference (`{ nullable, allOf: [$ref] }`) becomes `anyOf: [$ref, null]`, and a nullable
+ * enum lists null among its values. The ±2^53 bounds zod gives every `.int()` say nothing and go.
+ */
+function documentSchemas(document: Json): void {
+  walk(document, (node) => {
+    if (node.nullable === true) {
+      if ('type' in node) {
+        if (Array.isArray(node.enum) && !node.enum.includes(null)) node.enum = [...node.enum, null];
+      } else if ('$ref' in node || 'allOf' in node || 'anyOf' in node || 'oneOf' in node) {
+        const annotations = Object.entries(node).filter(([key]) => ANNOTATIONS.has(key));
+        const { nullable: _nullable, ...rest } = Object.fromEntries(Object.entries(node).filter(([key]) => !ANNOTATIONS.has(key)));
+        const keys = Object.keys(rest);
+        const branches =
+          keys.length === 1 && Array.isArray(rest.allOf) && rest.allOf.length === 1
+            ? rest.allOf
+            : keys.length === 1 && Array.isArray(rest.anyOf)
+              ? rest.anyOf
+              : [rest];
+        for (const key of Object.keys(node)) delete node[key];
+        Object.assign(node, Object.fromEntries(annotations), { anyOf: [...branches, nullSchema()] });
+      }
+    }
+    if (node.type === 'integer') {
+      if (node.minimum === Number.MIN_SAFE_INTEGER) delete node.minimum;
+      if (node.maximum === Number.MAX_SAFE_INTEGER) delete node.maximum;
+    }
+  });
+}
+
+/**
+ * One component per schema. fastify-type-provider-zod emits every registered schema twice, `X` for
+ * answers and `XInput` for requests, whether used or not. An `XInput` equal to `X` is folded into it,
+ * components nothing refers to are dropped (the registry is zod's global one, so anything with an `id`
+ * would otherwise leak in), and an `XInput` left alone takes the name `X`.
+ */
+function documentComponents(document: Json): void {
+  const components = isObject(document.components) ? document.components : {};
+  const schemas = isObject(components.schemas) ? components.schemas : {};
+  const folded = new Map<string, string>();
+  const same = (a: unknown, b: unknown) => {
+    const [left, right] = [structuredClone(a), structuredClone(b)];
+    renameRefs(left, folded);
+    renameRefs(right, folded);
+    return JSON.stringify(left) === JSON.stringify(right);
+  };
+  for (let changed = true; changed; ) {
+    changed = false;
+    for (const name of Object.keys(schemas)) {
+      const base = name.endsWith('Input') ? name.slice(0, -'Input'.length) : null;
+      if (base && !folded.has(name) && base in schemas && same(schemas[name], schemas[base])) {
+        folded.set(name, base);
+        changed = true;
       }
     }
   }
+  for (const name of folded.keys()) delete schemas[name];
+  renameRefs(document, folded);
+
+  const used = new Set<string>();
+  const use = (value: unknown) =>
+    walk(value, (node) => {
+      const name = refName(node.$ref);
+      if (name !== null && !used.has(name)) {
+        used.add(name);
+        use(schemas[name]);
+      }
+    });
+  use({ ...document, components: { ...components, schemas: {} } });
+  for (const name of Object.keys(schemas)) if (!used.has(name)) delete schemas[name];
+
+  const renamed = new Map<string, string>();
+  for (const name of Object.keys(schemas)) {
+    const base = name.endsWith('Input') ? name.slice(0, -'Input'.length) : null;
+    if (base && !(base in schemas)) renamed.set(name, base);
+  }
+  for (const [name, base] of renamed) {
+    schemas[base] = schemas[name];
+    delete schemas[name];
+  }
+  renameRefs(document, renamed);
+  components.schemas = Object.fromEntries(Object.entries(schemas).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)));
+}
+
+/** The finishing passes over the document fastify-type-provider-zod and @fastify/swagger produce. */
+function finishDocument<T>(document: T): T {
+  const json = document as Json;
+  documentResponses(json);
+  documentOptionalBodies(json);
+  documentSchemas(json);
+  documentComponents(json);
   return document;
 }
 
@@ -84,8 +241,19 @@ export async function buildServer(options: ServerOptions): Promise<FastifyInstan
       return typeof given === 'string' && REQUEST_ID.test(given) ? given : randomUUID();
     },
     // Routes that take files raise their own limit; everything else stays small.
-    bodyLimit: 1024 * 1024,
+    bodyLimit: BODY_LIMIT_BYTES,
     return503OnClosing: true,
+    routerOptions: { maxParamLength: MAX_PARAM_LENGTH },
+    // Errors the router raises before any route or hook runs: answered in the envelope like the rest.
+    frameworkErrors: (error, request, reply) => {
+      reply.header('x-request-id', request.id);
+      const code = (error as { code?: string }).code;
+      if (code === 'FST_ERR_MAX_PARAM_LENGTH' || code === 'FST_ERR_BAD_URL') {
+        const problem = code === 'FST_ERR_BAD_URL' ? 'is not a valid URL component' : `is longer than ${MAX_PARAM_LENGTH} characters`;
+        return sendError(reply, new ValidationError([{ field: 'path', message: problem }], 'Invalid path parameters'));
+      }
+      return sendError(reply, toAppError(error));
+    },
   }).withTypeProvider<ZodTypeProvider>();
 
   const hub = new EventHub(options.database);
@@ -132,7 +300,7 @@ export async function buildServer(options: ServerOptions): Promise<FastifyInstan
       ],
     },
     transform: jsonSchemaTransform,
-    transformObject: (input) => documentMediaTypes(documentRetryAfter(jsonSchemaTransformObject(input))),
+    transformObject: (input) => finishDocument(jsonSchemaTransformObject(input)),
   });
 
   app.get('/healthz', { schema: { hide: true } }, async () => ({ status: 'ok' }));
@@ -156,8 +324,13 @@ export async function buildServer(options: ServerOptions): Promise<FastifyInstan
       await api.register(async (secured) => {
         const authenticate = makeAuthenticator(options.database.db, options.rateLimits);
         secured.addHook('onRequest', authenticate);
+        // Every authenticated route documents the bearer scheme and the errors the edge itself can answer.
         secured.addHook('onRoute', (route) => {
-          route.schema = { ...route.schema, security: [{ bearerAuth: [] }] };
+          route.schema = {
+            ...route.schema,
+            security: [{ bearerAuth: [] }],
+            response: { ...edgeErrorResponses(route.method), ...(route.schema?.response as object | undefined) },
+          };
         });
         const deps = { db: options.database.db, publicUrl: options.publicUrl };
         await secured.register(taskRoutes, deps);

@@ -1,21 +1,45 @@
 import { ErrorEnvelope } from '../../protocol/errors.js';
+import { FILE_LIMITS } from '../../protocol/rest.js';
+
+/** The body limit of every route but those that take `files` (FILE_LIMITS.bodyLimitBytes). */
+export const BODY_LIMIT_BYTES = 1024 * 1024;
+const mib = (bytes: number) => `${bytes / (1024 * 1024)} MiB`;
 
 type ErrorStatus = 400 | 401 | 403 | 404 | 409 | 413 | 415 | 429 | 500;
 
 const DESCRIPTIONS: Record<ErrorStatus, string> = {
-  400: '`validation_error`: the request is invalid; `details.issues` lists `{ field, message }`',
-  401: '`unauthorized`: invalid or missing API key',
+  400:
+    '`validation_error`: the body (or its JSON), query, path or headers are invalid, e.g. "Invalid request body", ' +
+    '"Invalid query parameters", "Invalid path parameters"; `details.issues` lists `{ field, message }`',
+  401: '`unauthorized` "Invalid or missing API key": no key, another scheme than Bearer, or a malformed, unknown, expired or revoked key',
   403: '`forbidden`: the credential may not do this',
-  404: '`not_found`: no such task in the key\'s workspace',
-  409: '`conflict`: the task is not in a state that allows this',
-  413: '`payload_too_large`: the request body is over its limit',
-  415: '`unsupported_media_type`: the body is not application/json',
-  429: '`rate_limited`: over 100 requests per minute or 1,000 per hour for this key; see `Retry-After`',
-  500: '`internal_error`: server failure',
+  404: '`not_found`: the task ("Task not found") or routing config ("Routing config not found") named in the path does not exist in the key\'s workspace',
+  409: '`conflict`: the task\'s status does not allow this action, or the `default` routing config would be deleted; the message says which',
+  413:
+    `\`payload_too_large\` "Request body is too large": over ${mib(BODY_LIMIT_BYTES)}, or ` +
+    `${mib(FILE_LIMITS.bodyLimitBytes)} on the routes that take \`files\``,
+  415: '`unsupported_media_type`: a body that is not `application/json`',
+  429:
+    '`rate_limited` "Rate limit exceeded. Max 100 requests per minute." (or "… Max 1000 requests per hour."): over ' +
+    'the limit of this key; `Retry-After` says when to try again, `details` is `{ window, limit, retryAfterSeconds }`',
+  500: '`internal_error` "Server error": server failure; the details are only in the server log',
 };
 
-/** The error responses of a route, each documented with the shared envelope. */
+/** The error responses of a route, each documented with the shared envelope; 401, 429 and 500 always. */
 export function errorResponses(...statuses: ErrorStatus[]) {
-  const all: ErrorStatus[] = [...new Set<ErrorStatus>([...statuses, 401, 429, 500])];
+  const all: ErrorStatus[] = [...new Set<ErrorStatus>([...statuses, 401, 429, 500])].sort((a, b) => a - b);
   return Object.fromEntries(all.map((status) => [status, ErrorEnvelope.describe(DESCRIPTIONS[status])]));
+}
+
+const BODY_METHODS = new Set(['POST', 'PUT', 'PATCH', 'DELETE']);
+
+/**
+ * The errors the HTTP edge can answer on an authenticated route whatever its handler does: 401, 429 and
+ * 500; 400 (a path, query or body the checks before the handler refuse, such as malformed JSON or a NUL
+ * character); and 413 and 415 for every method Fastify reads a body for, schema or not.
+ */
+export function edgeErrorResponses(method: string | string[]) {
+  const methods = Array.isArray(method) ? method : [method];
+  const takesBody = methods.some((name) => BODY_METHODS.has(name.toUpperCase()));
+  return errorResponses(400, ...(takesBody ? ([413, 415] as const) : []));
 }
