@@ -2,6 +2,7 @@ import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { hashApiKey } from '../src/domain/api-keys.js';
 import { createTestSchema, dropTestSchema, postgresUrl } from './support/db.js';
 import { killAll, runSvc, startSvcServer, urlWithSchema } from './support/processes.js';
 
@@ -63,11 +64,13 @@ describe.each(stores)('svc admin on $name', (store) => {
     expect(keys).toHaveLength(1);
     expect(keys[0]).toMatchObject({ name: 'ci', prefix: secret.slice(0, 14), revokedAt: null });
     expect(listed.stdout).not.toContain(secret);
+    expect(listed.stdout).not.toContain(hashApiKey(secret));
     expect(JSON.stringify(keys)).not.toMatch(/hash/i);
     const table = await svc('admin', 'api-key', 'list', '--workspace', 'acme');
     expect(table.stdout).toMatch(/PREFIX .*STATUS/);
     expect(table.stdout).toContain('active');
     expect(table.stdout).not.toContain(secret);
+    expect(table.stdout).not.toContain(hashApiKey(secret));
 
     // The key works against a server on the same store, until it is revoked.
     const server = await startSvcServer(store.args(), store.env());

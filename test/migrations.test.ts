@@ -1,7 +1,7 @@
 import { readdirSync, readFileSync } from 'node:fs';
 import { sql } from 'drizzle-orm';
 import { describe, expect, it } from 'vitest';
-import { openDatabase, queryRows } from '../src/store/db.js';
+import { openDatabase, queryRows, type Database } from '../src/store/db.js';
 import { loadMigrations, migrate, MigrationMismatchError, MIGRATIONS_DIR } from '../src/store/migrate.js';
 import { createTestSchema, dropTestSchema, postgresUrl } from './support/db.js';
 
@@ -25,19 +25,30 @@ describe('migrations', () => {
     }
   });
 
-  it.skipIf(!process.env.DATABASE_URL)('are safe when two processes start at once on PostgreSQL', async () => {
+  it.skipIf(!process.env.DATABASE_URL)('are safe when several processes start at once on PostgreSQL', async () => {
     const schema = await createTestSchema();
     const open = () => openDatabase({ driver: 'postgres', url: postgresUrl(), schema, poolSize: 2 }, { migrate: false });
-    const [a, b] = await Promise.all([open(), open()]);
+    const databases = await Promise.all([open(), open(), open()]);
     try {
-      const [appliedByA, appliedByB] = await Promise.all([migrate(a.db), migrate(b.db)]);
-      const names = loadMigrations().map((migration) => migration.name);
-      expect([...appliedByA, ...appliedByB].sort()).toEqual(names.sort());
-      const rows = await queryRows<{ name: string }>(a.db, sql`select name from svc_migrations order by name`);
-      expect(rows.map((row) => row.name)).toEqual(names);
+      const applied = await Promise.all(databases.map((database) => migrate(database.db)));
+      const all = loadMigrations();
+      const names = all.map((migration) => migration.name);
+      // Each migration applied by exactly one of them, and recorded once.
+      expect(applied.flat().sort()).toEqual([...names].sort());
+      const [a] = databases as [Database, ...Database[]];
+      const rows = await queryRows<{ name: string; hash: string }>(a.db, sql`select name, hash from svc_migrations order by name`);
+      expect(rows).toEqual(all.map((migration) => ({ name: migration.name, hash: migration.hash })));
+      // The tables are in the schema the connections were given, not in public.
+      const [where] = await queryRows<{ schema: string }>(a.db, sql`select table_schema as schema from information_schema.tables where table_name = 'tasks' and table_schema = ${schema}`);
+      expect(where).toEqual({ schema });
+
+      expect(await migrate(a.db)).toEqual([]);
+      const changed = all.map((migration, index) => (index === all.length - 1 ? { ...migration, hash: 'different' } : migration));
+      await expect(migrate(a.db, changed)).rejects.toBeInstanceOf(MigrationMismatchError);
+      // A refused run changes nothing.
+      expect(await queryRows(a.db, sql`select name, hash from svc_migrations order by name`)).toEqual(rows);
     } finally {
-      await a.close();
-      await b.close();
+      await Promise.all(databases.map((database) => database.close()));
       await dropTestSchema(schema);
     }
   });

@@ -4,13 +4,16 @@
  * Requests are counted per key in one-second buckets in the database, so every server process on one
  * PostgreSQL shares the limit. A window of N seconds counts the buckets of the last N+1 seconds (the
  * current second included), which errs on the side of refusing: no N-second span ever holds more than
- * the limit. Concurrent requests of one second serialise on the bucket row, whose ON CONFLICT condition
- * sees the latest count, so within a second the limit holds exactly under concurrency. Across a second
- * boundary the earlier buckets are read from the statement's snapshot, so a request of the new second
- * can miss a concurrent, not yet committed request of the old one: the limit may be exceeded by the
- * requests in flight at that instant (a few at most). Refused requests are not counted.
+ * the limit. Refused requests are not counted.
+ *
+ * Concurrency: the statement reads the buckets as of its snapshot, which misses the requests of the
+ * same key that commit while it runs, and those may have written another second's bucket (a burst that
+ * straddles a second boundary let a few too many through). So every counted request also increments
+ * the key's tally row, a bucket at `second` -1 that no window includes and pruning keeps: requests of
+ * one key serialise on it, and its latest count minus the count the snapshot saw is exactly what the
+ * snapshot missed. The limit therefore holds under any concurrency, across processes too.
  */
-import { and, asc, eq, gte, lt, sql } from 'drizzle-orm';
+import { and, asc, eq, gt, gte, lt, sql } from 'drizzle-orm';
 import { preparedRows, type Db } from './db.js';
 import { rateLimitBuckets } from './schema.js';
 
@@ -26,6 +29,8 @@ export type AuthOutcome =
 
 const MINUTE = 60;
 const HOUR = 3600;
+/** The `second` of a key's tally row (see above); real buckets have seconds since the epoch. */
+export const TALLY_SECOND = -1;
 
 /** One statement, prepared once per connection: it runs on every authenticated request. */
 const AUTHENTICATE_AND_COUNT = `
@@ -43,18 +48,27 @@ const AUTHENTICATE_AND_COUNT = `
     clock as (select floor(extract(epoch from clock_timestamp()))::bigint as s),
     prev as (
       select
-        coalesce(sum(b.count) filter (where b.second >= c.s - ${MINUTE} and b.second < c.s), 0)::int as minute,
-        coalesce(sum(b.count) filter (where b.second < c.s), 0)::int as hour
+        coalesce(sum(b.count) filter (where b.second >= c.s - ${MINUTE}), 0)::int as minute,
+        coalesce(sum(b.count) filter (where b.second >= c.s - ${HOUR}), 0)::int as hour,
+        coalesce(sum(b.count) filter (where b.second = ${TALLY_SECOND}), 0)::int as tally
       from rate_limit_buckets b, clock c
-      where b.key_id = (select id from k) and b.second >= c.s - ${HOUR}
+      where b.key_id = (select id from k) and (b.second >= c.s - ${HOUR} or b.second = ${TALLY_SECOND})
+    ),
+    -- The gate: the tally row's latest count (r.count) less the snapshot's (prev.tally) is what
+    -- committed unseen since the snapshot; all of it is recent, so it counts in both windows.
+    gate as (
+      insert into rate_limit_buckets as r (key_id, second, count)
+      select k.id, ${TALLY_SECOND}, 1 from k, prev p
+      where p.minute < $2::int and p.hour < $3::int
+      on conflict (key_id, second) do update set count = r.count + 1
+      where (select minute from prev) + r.count - (select tally from prev) < $2::int
+        and (select hour from prev) + r.count - (select tally from prev) < $3::int
+      returning r.key_id
     ),
     bump as (
       insert into rate_limit_buckets as r (key_id, second, count)
-      select k.id, c.s, 1 from k, clock c, prev p
-      where p.minute < $2::int and p.hour < $3::int
+      select g.key_id, c.s, 1 from gate g, clock c
       on conflict (key_id, second) do update set count = r.count + 1
-      where r.count + (select minute from prev) < $2::int
-        and r.count + (select hour from prev) < $3::int
       returning r.count
     )
     select k.id, k.workspace_id, (select count from bump) as bumped, (select s from clock)::text as now_s
@@ -106,9 +120,17 @@ async function refusal(
   return { kind: 'limited', keyId, window, limit, retryAfterSeconds: Math.max(1, retryAt - now) };
 }
 
-/** Deletes buckets older than the longest window; the server calls it periodically. */
+/**
+ * Deletes buckets older than the longest window; the server calls it periodically. Tally rows stay (one
+ * per key, deleted with it): losing one while requests of its key run would undercount what they missed.
+ */
 export async function pruneRateLimitBuckets(db: Db): Promise<void> {
   await db
     .delete(rateLimitBuckets)
-    .where(lt(rateLimitBuckets.second, sql`floor(extract(epoch from clock_timestamp()))::bigint - ${HOUR + 60}`));
+    .where(
+      and(
+        gt(rateLimitBuckets.second, TALLY_SECOND),
+        lt(rateLimitBuckets.second, sql`floor(extract(epoch from clock_timestamp()))::bigint - ${HOUR + 60}`),
+      ),
+    );
 }

@@ -110,6 +110,27 @@ export function killAll(): void {
   running.clear();
 }
 
+/** The JSON log lines (pino) among a server's output; anything else (the bootstrap key) is skipped. */
+export function logLines(stdout: string): Array<Record<string, unknown>> {
+  return stdout.split('\n').flatMap((line) => {
+    if (!line.startsWith('{')) return [];
+    try {
+      return [JSON.parse(line) as Record<string, unknown>];
+    } catch {
+      return [];
+    }
+  });
+}
+
+/** Waits (at most `timeoutMs`) until `predicate` holds, polling every 20 ms; returns whether it did. */
+export async function eventually(predicate: () => boolean, timeoutMs = 5_000): Promise<boolean> {
+  for (const end = Date.now() + timeoutMs; !predicate(); ) {
+    if (Date.now() > end) return false;
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+  return true;
+}
+
 /** The `service_…` key a fresh server printed, if it printed one. */
 export function bootstrapKeyOf(stdout: string): string | null {
   return /^(service_[A-Za-z0-9_-]{43})$/m.exec(stdout)?.[1] ?? null;
