@@ -193,20 +193,107 @@ export const jobs = pgTable(
   ],
 );
 
+/**
+ * A repository connected to a workspace. Its origin is the built-in code host's bare repository
+ * (`codehost/<workspace id>/<full name>.git` in the data dir); its working copy lives in the workspace
+ * environment at `dir`.
+ */
+export const repositories = pgTable(
+  'repositories',
+  {
+    id: uuid('id').primaryKey().defaultRandom(),
+    workspaceId: uuid('workspace_id').notNull().references(() => workspaces.id, { onDelete: 'cascade' }),
+    /** `owner/repo`. */
+    fullName: text('full_name').notNull(),
+    /** The directory of the working copy inside the environment (one path segment). */
+    dir: text('dir').notNull(),
+    defaultBranch: text('default_branch').notNull(),
+    /** Where the operator connected it from (a git URL or a path), for the record. */
+    source: text('source').notNull(),
+    /** The last pull request number handed out; numbers count per repository from 1. */
+    lastPrNumber: integer('last_pr_number').notNull().default(0),
+    createdAt: createdAt(),
+  },
+  (t) => [
+    uniqueIndex('repositories_workspace_full_name_key').on(t.workspaceId, t.fullName),
+    uniqueIndex('repositories_workspace_dir_key').on(t.workspaceId, t.dir),
+  ],
+);
+
+/** One check's run as recorded in a pull request's proof. */
+export interface CheckProof {
+  name: string;
+  command: string;
+  passed: boolean;
+  exitCode: number | null;
+  timedOut: boolean;
+  durationMs: number;
+  /** The last lines of its output. */
+  outputTail: string;
+}
+
 export const pullRequests = pgTable(
   'pull_requests',
   {
     id: uuid('id').primaryKey().defaultRandom(),
     taskId: uuid('task_id').notNull().references(() => tasks.id, { onDelete: 'cascade' }),
+    /** Set for pull requests on the built-in code host; null for ones reported from elsewhere (runners). */
+    repositoryId: uuid('repository_id').references(() => repositories.id, { onDelete: 'set null' }),
     repoFullName: text('repo_full_name').notNull(),
     prNumber: integer('pr_number').notNull(),
     prUrl: text('pr_url').notNull(),
     title: text('title').notNull(),
     state: text('state', { enum: ['open', 'merged', 'closed'] }).notNull(),
+    /** Markdown: what changed and the proof. */
+    body: text('body'),
+    headBranch: text('head_branch'),
+    baseBranch: text('base_branch'),
+    headSha: text('head_sha'),
+    baseSha: text('base_sha'),
+    /** The checks that ran on the head commit (the proof). */
+    checks: jsonb('checks').$type<CheckProof[]>(),
+    /** The job that last pushed to it. */
+    jobId: uuid('job_id').references(() => jobs.id, { onDelete: 'set null' }),
+    mergedAt: optionalTime('merged_at'),
+    closedAt: optionalTime('closed_at'),
     createdAt: createdAt(),
     updatedAt: updatedAt(),
   },
-  (t) => [uniqueIndex('pull_requests_task_repo_number_key').on(t.taskId, t.repoFullName, t.prNumber)],
+  (t) => [
+    uniqueIndex('pull_requests_task_repo_number_key').on(t.taskId, t.repoFullName, t.prNumber),
+    uniqueIndex('pull_requests_repository_number_key').on(t.repositoryId, t.prNumber),
+  ],
+);
+
+/**
+ * A task's sandbox fork on one host: kept between the task's jobs, then stopped, archived and deleted
+ * by the fork lifecycle (SPEC.md "Sandbox fork lifecycle"). Forks live on the disk of the host that ran
+ * the job, so each host's lifecycle ticker handles its own.
+ */
+export const forks = pgTable(
+  'forks',
+  {
+    id: uuid('id').primaryKey().defaultRandom(),
+    workspaceId: uuid('workspace_id').notNull().references(() => workspaces.id, { onDelete: 'cascade' }),
+    taskId: uuid('task_id').references(() => tasks.id, { onDelete: 'set null' }),
+    /** Letters, digits, `-` and `_`; unique per workspace and host (a task's fork is named by its slug). */
+    name: text('name').notNull(),
+    host: text('host').notNull(),
+    /** `overlay` or `clone` (the fallback copy). */
+    mode: text('mode').notNull(),
+    /** `active` (a job runs in it), `idle`, `stopped`, `archived`, `deleted`. */
+    state: text('state').notNull(),
+    /** The job running in it, while active. */
+    jobId: uuid('job_id').references(() => jobs.id, { onDelete: 'set null' }),
+    lastUsedAt: timestamp('last_used_at', { withTimezone: true, mode: 'date' }).notNull().defaultNow(),
+    stateChangedAt: timestamp('state_changed_at', { withTimezone: true, mode: 'date' }).notNull().defaultNow(),
+    createdAt: createdAt(),
+  },
+  (t) => [
+    uniqueIndex('forks_host_workspace_name_key').on(t.host, t.workspaceId, t.name),
+    index('forks_host_state_idx').on(t.host, t.state, t.stateChangedAt),
+    index('forks_task_idx').on(t.taskId),
+  ],
 );
 
 export const routingConfigs = pgTable(
@@ -238,6 +325,7 @@ export const jobsRelations = relations(jobs, ({ one }) => ({
 
 export const pullRequestsRelations = relations(pullRequests, ({ one }) => ({
   task: one(tasks, { fields: [pullRequests.taskId], references: [tasks.id] }),
+  repository: one(repositories, { fields: [pullRequests.repositoryId], references: [repositories.id] }),
 }));
 
 export const messagesRelations = relations(messages, ({ one, many }) => ({
