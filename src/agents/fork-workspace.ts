@@ -14,11 +14,18 @@ export function workspacePath(path: string): string {
   return normalized;
 }
 
-export function forkWorkspace(fork: Fork, options: { network: boolean }): Workspace {
-  const run = async (argv: string[], stdin?: string, timeoutMs = FILE_TIMEOUT_MS) => {
-    const result = await fork.run(argv, { timeoutMs, network: options.network, ...(stdin === undefined ? {} : { stdin }) });
-    return result;
-  };
+export interface ForkWorkspaceOptions {
+  network: boolean;
+  /** Stops every command of the run (its whole process group) when aborted: cancel, lost lease. */
+  signal?: AbortSignal;
+  /** Variables every command sees (dev server addresses, for one). */
+  env?: Record<string, string>;
+}
+
+export function forkWorkspace(fork: Fork, options: ForkWorkspaceOptions): Workspace {
+  const base = { network: options.network, ...(options.signal ? { signal: options.signal } : {}), ...(options.env ? { env: options.env } : {}) };
+  const run = (argv: string[], stdin?: string, timeoutMs = FILE_TIMEOUT_MS) =>
+    fork.run(argv, { ...base, timeoutMs, ...(stdin === undefined ? {} : { stdin }) });
   const checked = async (argv: string[], stdin?: string) => {
     const result = await run(argv, stdin);
     if (result.exitCode !== 0) throw new Error((result.stderr || result.stdout).trim() || `exit code ${result.exitCode}`);
@@ -39,6 +46,24 @@ export function forkWorkspace(fork: Fork, options: { network: boolean }): Worksp
     async runCommand(command, timeoutMs) {
       const result = await run(['sh', '-c', `${command} 2>&1`], undefined, timeoutMs);
       return { exitCode: result.exitCode, output: result.stdout, timedOut: result.timedOut };
+    },
+    async runStreaming(argv, { env, timeoutMs, network, stdin, onLine }) {
+      let pending = '';
+      const result = await fork.run(argv, {
+        ...base,
+        env: { ...(options.env ?? {}), ...(env ?? {}) },
+        network: network ?? options.network,
+        timeoutMs,
+        ...(stdin === undefined ? {} : { stdin }),
+        onStdout(chunk) {
+          pending += chunk;
+          const lines = pending.split('\n');
+          pending = lines.pop() ?? '';
+          for (const line of lines) onLine(line);
+        },
+      });
+      if (pending) onLine(pending);
+      return { exitCode: result.exitCode, stderr: result.stderr, timedOut: result.timedOut };
     },
   };
 }

@@ -23,6 +23,14 @@ export interface Workspace {
   writeFile(path: string, content: string): Promise<void>;
   search(pattern: string, path: string): Promise<string>;
   runCommand(command: string, timeoutMs: number): Promise<{ exitCode: number | null; output: string; timedOut: boolean }>;
+  /**
+   * Runs a program (argv, no shell) and hands each line of its standard output to `onLine` as it comes:
+   * how CLI harnesses read an agent CLI's JSON stream. Resolves when its process group is gone.
+   */
+  runStreaming(
+    argv: readonly string[],
+    options: { env?: Record<string, string>; timeoutMs: number; network?: boolean; stdin?: string; onLine: (line: string) => void },
+  ): Promise<{ exitCode: number | null; stderr: string; timedOut: boolean }>;
 }
 
 export interface RunManifest {

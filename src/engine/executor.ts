@@ -20,7 +20,7 @@ import type { Effort, TaskMode } from '../protocol/rest.js';
 import { ForkManager } from '../sandbox/fork.js';
 import { creditBalance, recordUsage } from '../store/credits.js';
 import type { Database } from '../store/db.js';
-import { appendEvents } from '../store/journal.js';
+import { appendEvents, EVENTS_CHANNEL } from '../store/journal.js';
 import { tasks } from '../store/schema.js';
 import { insertMessage, listMessages, type JobRow } from '../store/tasks.js';
 import { finishJob, StaleGenerationError, type JobResult } from './jobs.js';
@@ -46,9 +46,9 @@ export class Executor {
   private readonly forks: ForkManager;
   private stopped = false;
   private wake: (() => void) | null = null;
-  private unlisten: (() => Promise<void>) | null = null;
+  private readonly unlisten: Array<() => Promise<void>> = [];
   private readonly slots: Promise<void>[] = [];
-  private readonly running = new Map<string, AbortController>();
+  private readonly running = new Map<string, { job: JobRow; controller: AbortController }>();
 
   constructor(private readonly options: ExecutorOptions) {
     this.forks = new ForkManager(
@@ -59,17 +59,30 @@ export class Executor {
   }
 
   async start(): Promise<void> {
-    this.unlisten = await this.options.database.listen(JOBS_CHANNEL, () => this.wake?.());
+    this.unlisten.push(await this.options.database.listen(JOBS_CHANNEL, () => this.wake?.()));
+    // A task's events channel also carries cancel: check the lease of its running job at once, so a
+    // cancelled run stops (its process group killed) within moments rather than at the next renewal.
+    this.unlisten.push(await this.options.database.listen(EVENTS_CHANNEL, (taskId) => this.recheck(taskId)));
     for (let slot = 0; slot < this.options.concurrency; slot++) this.slots.push(this.loop());
   }
 
   /** Stops claiming, aborts running jobs (they end FAILED or stay with a new owner's lease) and waits. */
   async stop(): Promise<void> {
     this.stopped = true;
-    for (const controller of this.running.values()) controller.abort();
+    for (const { controller } of this.running.values()) controller.abort();
     this.wake?.();
     await Promise.all(this.slots);
-    await this.unlisten?.();
+    await Promise.all(this.unlisten.map((stop) => stop()));
+  }
+
+  private recheck(taskId: string): void {
+    for (const { job, controller } of this.running.values()) {
+      if (job.taskId !== taskId || controller.signal.aborted) continue;
+      renewLease(this.options.database.db, job.id, job.generation, this.options.leaseMs).then(
+        (held) => held || controller.abort(),
+        (error: unknown) => this.options.logger.warn({ err: error, jobId: job.id }, 'checking a lease failed'),
+      );
+    }
   }
 
   private async loop(): Promise<void> {
@@ -101,7 +114,7 @@ export class Executor {
     const db = this.options.database.db;
     const log = this.options.logger.child({ jobId: job.id, taskId: job.taskId, generation: job.generation });
     const controller = new AbortController();
-    this.running.set(job.id, controller);
+    this.running.set(job.id, { job, controller });
     // Renew the lease while the job runs; a refused renewal (cancelled, or taken over) stops the run.
     const renewal = setInterval(() => {
       renewLease(db, job.id, job.generation, this.options.leaseMs).then(
@@ -186,7 +199,7 @@ export class Executor {
           agent: parsed,
           effort: (job.effort ?? task.effort) as Effort,
           instructions: job.instructions,
-          workspace: forkWorkspace(fork, { network: false }),
+          workspace: forkWorkspace(fork, { network: false, signal }),
           signal,
         },
         emit,

@@ -45,6 +45,8 @@ export interface RunOptions {
   cpuSeconds?: number;
   signal?: AbortSignal;
   stdin?: string;
+  /** Called with each chunk of standard output as it arrives (it is collected in `stdout` as well). */
+  onStdout?: (chunk: string) => void;
 }
 
 export interface RunResult {
@@ -162,8 +164,13 @@ function runProcessGroup(argv: readonly string[], options: RunOptions): Promise<
     let stdout = '';
     let stderr = '';
     let timedOut = false;
-    child.stdout.on('data', (chunk: Buffer) => (stdout += chunk.toString()));
-    child.stderr.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
+    child.stdout.setEncoding('utf8');
+    child.stderr.setEncoding('utf8');
+    child.stdout.on('data', (chunk: string) => {
+      stdout += chunk;
+      options.onStdout?.(chunk);
+    });
+    child.stderr.on('data', (chunk: string) => (stderr += chunk));
     // A command that exits without reading its input must not fail the run.
     child.stdin.on('error', () => undefined);
     child.stdin.end(options.stdin ?? '');
@@ -181,7 +188,8 @@ function runProcessGroup(argv: readonly string[], options: RunOptions): Promise<
         }, options.timeoutMs)
       : null;
     const onAbort = () => killGroup();
-    options.signal?.addEventListener('abort', onAbort, { once: true });
+    if (options.signal?.aborted) killGroup();
+    else options.signal?.addEventListener('abort', onAbort, { once: true });
     child.on('error', (error) => {
       if (timer) clearTimeout(timer);
       reject(error);
