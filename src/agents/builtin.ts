@@ -4,16 +4,15 @@
  */
 import { generateText, hasToolCall, stepCountIs, tool, type LanguageModel, type ModelMessage, type ToolSet } from 'ai';
 import { z } from 'zod';
-import type { Effort, TaskMode } from '../protocol/rest.js';
+import type { TaskMode } from '../protocol/rest.js';
+import { EFFORT, modelCallSettings } from './effort.js';
 import type { AgentEvent, Harness, RunManifest, RunOutcome, Workspace } from './types.js';
-
-/** How far each effort may go: model steps (a step is one model call and its tool calls). */
-export const EFFORT_STEPS: Record<Effort, number> = { low: 10, medium: 25, high: 50, xhigh: 100, ultracode: 150 };
 
 const OUTPUT_LIMIT = 20_000;
 const COMMAND_TIMEOUT_MS = 10 * 60_000;
 
-const clip = (text: string): string =>
+/** Keeps a tool's output within what is worth journaling and showing the model again. */
+export const clip = (text: string): string =>
   text.length <= OUTPUT_LIMIT ? text : `${text.slice(0, OUTPUT_LIMIT)}\n… (${text.length - OUTPUT_LIMIT} more characters cut)`;
 
 const MODE_PROMPT: Record<TaskMode, string> = {
@@ -47,10 +46,11 @@ export class BuiltinHarness implements Harness {
       ...manifest.history.map((turn) => ({ role: turn.role, content: turn.content }) as ModelMessage),
       { role: 'user', content: manifest.input },
     ];
-    const maxSteps = EFFORT_STEPS[manifest.effort];
+    const maxSteps = EFFORT[manifest.effort].steps;
     try {
       const result = await generateText({
         model: this.options.model(manifest),
+        ...modelCallSettings(manifest.agent, manifest.effort),
         system: [MODE_PROMPT[manifest.mode], manifest.instructions].filter(Boolean).join('\n\n'),
         messages,
         tools,

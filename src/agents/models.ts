@@ -16,13 +16,16 @@ export class ModelConfigError extends Error {
   }
 }
 
+/** A variable the agent cannot run without (its key, mostly); a missing one fails the run naming it. */
+export function requireEnv(env: NodeJS.ProcessEnv, name: string, agentId: string): string {
+  const value = env[name];
+  if (!value) throw new ModelConfigError(`${name} is not set: the agent ${agentId} needs it`);
+  return value;
+}
+
 export function resolveModel(agent: AgentId, env: NodeJS.ProcessEnv = process.env): LanguageModel {
   const id = `${agent.provider}/${agent.model}`;
-  const need = (name: string): string => {
-    const value = env[name];
-    if (!value) throw new ModelConfigError(`${name} is not set: the agent ${id} needs it`);
-    return value;
-  };
+  const need = (name: string): string => requireEnv(env, name, id);
   switch (agent.provider) {
     case 'openai':
       return createOpenAI({ apiKey: need('OPENAI_API_KEY'), ...(env.OPENAI_BASE_URL ? { baseURL: env.OPENAI_BASE_URL } : {}) }).chat(agent.model);

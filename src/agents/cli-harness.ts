@@ -1,0 +1,194 @@
+/**
+ * What every agent-CLI harness shares: running the CLI inside the sandboxed fork through
+ * `Workspace.runStreaming`, reading its JSON lines in order, and closing the run with one outcome.
+ * Each CLI (claude-code.ts, codex.ts) contributes its argv and a translator from its stream format.
+ *
+ * Questions: in print/exec mode nobody can answer a CLI's question while it runs, so the CLI is told (in
+ * its instructions) to end with a final message that starts with `QUESTION:` when it cannot go on
+ * without a decision; that final message becomes the run's question outcome, as `ask_user` does in the
+ * built-in loop.
+ */
+import type { TaskMode } from '../protocol/rest.js';
+import { requireEnv } from './models.js';
+import type { AgentEvent, RunManifest, RunOutcome } from './types.js';
+
+/** An agent CLI is slow but not endless: a run that takes longer than this is stopped. */
+const CLI_TIMEOUT_MS = 2 * 60 * 60_000;
+const STDERR_TAIL = 2_000;
+
+const UNATTENDED =
+  'You run unattended: nobody can answer a question while you work. If you cannot go on without a decision ' +
+  'from the person, stop and make your final message the question alone, starting with "QUESTION:".';
+
+/** The mode's instructions for an agent CLI: the built-in loop's, without its finish/submit_plan tools. */
+const CLI_MODE_PROMPT: Record<TaskMode, string> = {
+  agent:
+    'Implement the requested change in the repositories under /workspace, then verify it (tests, lint, types, build). ' +
+    'When it is done and verified, end with a summary of what you changed and the proof.',
+  plan:
+    'Research the request without changing files, then answer with a step-by-step implementation plan in Markdown. ' +
+    'Implementation starts only after a person approves the plan.',
+  ask: 'Answer the question from the code under /workspace without changing anything.',
+  goal: 'Work towards the goal in /workspace, checking it after each change, until the goal holds. Then end with the evidence.',
+  dev_env:
+    'Repair the development environment under /workspace (setup commands, dependencies, dev servers) so that it ' +
+    'installs and runs cleanly. End with what you repaired.',
+};
+
+export const isReadOnly = (mode: TaskMode): boolean => mode === 'ask' || mode === 'plan';
+
+/** The mode's instructions, then the routing config's, for a CLI's system prompt (or the head of its prompt). */
+export function cliInstructions(manifest: RunManifest): string {
+  return [CLI_MODE_PROMPT[manifest.mode], UNATTENDED, manifest.instructions].filter(Boolean).join('\n\n');
+}
+
+/** The thread so far and the new message, as one prompt: a CLI run starts without memory of earlier jobs. */
+export function cliPrompt(manifest: RunManifest): string {
+  if (manifest.history.length === 0) return manifest.input;
+  const turns = manifest.history.map((turn) => `### ${turn.role === 'user' ? 'User' : 'You (earlier)'}\n\n${turn.content}`);
+  return ['## The conversation so far', ...turns, '## The new message', manifest.input].join('\n\n');
+}
+
+/** How a finished run's last words end it: a question, a plan in plan mode, or the answer. */
+export function outcomeOfFinalText(mode: TaskMode, text: string, plan: string | null = null): RunOutcome {
+  const question = /^\s*QUESTION:\s*([\s\S]*)$/.exec(text);
+  if (question?.[1]?.trim()) return { status: 'question', question: question[1].trim() };
+  if (mode === 'plan') {
+    const proposed = plan?.trim() || text.trim();
+    return proposed ? { status: 'plan', plan: proposed } : { status: 'failed', error: 'the agent ended plan mode without a plan' };
+  }
+  return text.trim() ? { status: 'completed', answer: text } : { status: 'failed', error: 'the agent finished without a final message' };
+}
+
+/** The sandbox's environment for a CLI: its key (required), the key's base URL when set, and `extra`. */
+export function cliEnv(env: NodeJS.ProcessEnv, agentId: string, key: string, baseUrl: string): Record<string, string> {
+  const value = requireEnv(env, key, agentId);
+  return { [key]: value, ...(env[baseUrl] ? { [baseUrl]: env[baseUrl] } : {}) };
+}
+
+/** Reads one CLI's JSON stream: each parsed line in, journal events out; the outcome once it ended. */
+export interface StreamTranslator {
+  translate(message: Record<string, unknown>): AgentEvent[];
+  /** Called once the process is gone: trailing events (usage never reported per step) and the outcome, if the stream told one. */
+  end(): { events: AgentEvent[]; outcome: RunOutcome | null };
+}
+
+export interface CliSpec {
+  /** For messages: "Claude Code". */
+  label: string;
+  /** The program (name on PATH or absolute path inside the sandbox) and the variable that set it. */
+  command: string;
+  commandVariable: string;
+  install: string;
+  argv: string[];
+  env: Record<string, string>;
+  stdin: string;
+  translator: StreamTranslator;
+}
+
+/** Runs a CLI in the manifest's workspace and reports its stream as journal events; see the file comment. */
+export async function runCli(spec: CliSpec, manifest: RunManifest, emit: (event: AgentEvent) => Promise<void>): Promise<RunOutcome> {
+  // Events go out in stream order although lines arrive synchronously; a failed emit (the journal refused)
+  // stops reporting and is rethrown once the process is gone.
+  let queue = Promise.resolve();
+  const refused: unknown[] = [];
+  const send = (events: AgentEvent[]) => {
+    if (events.length === 0) return;
+    queue = queue.then(async () => {
+      if (refused.length) return;
+      try {
+        for (const event of events) await emit(event);
+      } catch (error) {
+        refused.push(error);
+      }
+    });
+  };
+  let unreadable = 0;
+  const onLine = (line: string) => {
+    if (!line.trim()) return;
+    let message: unknown;
+    try {
+      message = JSON.parse(line);
+    } catch {
+      unreadable += 1;
+      return;
+    }
+    if (typeof message !== 'object' || message === null || Array.isArray(message)) unreadable += 1;
+    else send(spec.translator.translate(message as Record<string, unknown>));
+  };
+  // `command -v` makes a missing program exit 127 the same way with and without bubblewrap (whose own
+  // exec failure is a plain 1).
+  const argv = ['sh', '-c', 'command -v "$1" >/dev/null 2>&1 || exit 127; exec "$@"', 'sh', spec.command, ...spec.argv];
+  let result: Awaited<ReturnType<RunManifest['workspace']['runStreaming']>>;
+  try {
+    result = await manifest.workspace.runStreaming(argv, { env: spec.env, timeoutMs: CLI_TIMEOUT_MS, network: true, stdin: spec.stdin, onLine });
+  } catch (error) {
+    await queue;
+    return fail(`${spec.label} could not start: ${error instanceof Error ? error.message : String(error)}`);
+  }
+  await queue;
+  if (refused.length) throw refused[0];
+  if (manifest.signal?.aborted) return { status: 'failed', error: `${spec.label} was stopped: the run was cancelled` };
+
+  const ended = spec.translator.end();
+  for (const event of ended.events) await emit(event);
+  const stderr = result.stderr.trim().slice(-STDERR_TAIL);
+  if (result.exitCode === 127) {
+    return fail(
+      `the ${spec.label} CLI is not installed: "${spec.command}" was not found in the sandbox. Install it with ${spec.install} ` +
+        `where the sandbox sees it (under /usr or /opt), or point ${spec.commandVariable} at it`,
+    );
+  }
+  if (result.timedOut) return fail(`${spec.label} ran longer than ${CLI_TIMEOUT_MS / 60_000} minutes and was stopped`);
+  const outcome = ended.outcome ?? {
+    status: 'failed' as const,
+    error:
+      `${spec.label} ended without a result (exit code ${result.exitCode}` +
+      `${unreadable ? `, ${unreadable} unreadable output line${unreadable === 1 ? '' : 's'}` : ''})` +
+      (stderr ? `: ${stderr}` : ''),
+  };
+  await emit(closingEvent(outcome));
+  return outcome;
+
+  async function fail(error: string): Promise<RunOutcome> {
+    await emit({ kind: 'error', data: { message: error } });
+    return { status: 'failed', error };
+  }
+}
+
+function closingEvent(outcome: RunOutcome): AgentEvent {
+  switch (outcome.status) {
+    case 'completed':
+      return { kind: 'final', data: { answer: outcome.answer } };
+    case 'question':
+      return { kind: 'question', data: { question: outcome.question } };
+    case 'plan':
+      return { kind: 'plan', data: { plan: outcome.plan } };
+    case 'failed':
+      return { kind: 'error', data: { message: outcome.error } };
+  }
+}
+
+/** Narrowing helpers for foreign JSON: a field of the expected type or nothing. */
+export const field = {
+  string: (value: unknown, key: string): string | undefined => {
+    const found = isRecord(value) ? value[key] : undefined;
+    return typeof found === 'string' ? found : undefined;
+  },
+  number: (value: unknown, key: string): number | undefined => {
+    const found = isRecord(value) ? value[key] : undefined;
+    return typeof found === 'number' && Number.isFinite(found) ? found : undefined;
+  },
+  record: (value: unknown, key: string): Record<string, unknown> | undefined => {
+    const found = isRecord(value) ? value[key] : undefined;
+    return isRecord(found) ? found : undefined;
+  },
+  array: (value: unknown, key: string): unknown[] => {
+    const found = isRecord(value) ? value[key] : undefined;
+    return Array.isArray(found) ? found : [];
+  },
+};
+
+export function isRecord(value: unknown): value is Record<string, unknown> {
+  return typeof value === 'object' && value !== null && !Array.isArray(value);
+}
