@@ -46,6 +46,14 @@ export const ConfigSchema = z.object({
     .enum(['true', 'false', '1', '0'])
     .default('false')
     .transform((value) => value === 'true' || value === '1'),
+  /** SVC_FORK_IDLE_STOP_MS: an idle task fork's dev servers are stopped this long after its last use (SPEC.md "Limits"). */
+  forkIdleStopMs: z.coerce.number().int().min(0).default(30 * 60_000),
+  /** SVC_FORK_ARCHIVE_MS: a stopped fork is archived (a compressed tar of its changes) this long after it stopped. */
+  forkArchiveMs: z.coerce.number().int().min(0).default(24 * 60 * 60_000),
+  /** SVC_FORK_DELETE_MS: an archived fork is deleted this long after its last use. */
+  forkDeleteMs: z.coerce.number().int().min(0).default(7 * 24 * 60 * 60_000),
+  /** SVC_SCHEDULER_TICK_MS: how often the scheduler moves forks along their lifecycle. */
+  schedulerTickMs: z.coerce.number().int().min(100).default(60_000),
   /** SVC_SHUTDOWN_TIMEOUT_MS: how long SIGTERM waits for requests in flight. */
   shutdownTimeoutMs: z.coerce.number().int().min(0).default(10_000),
 });
@@ -67,6 +75,10 @@ const ENV: Record<ConfigKey, string> = {
   executorConcurrency: 'SVC_EXECUTOR_CONCURRENCY',
   jobLeaseMs: 'SVC_JOB_LEASE_MS',
   allowUnsandboxed: 'SVC_ALLOW_UNSANDBOXED',
+  forkIdleStopMs: 'SVC_FORK_IDLE_STOP_MS',
+  forkArchiveMs: 'SVC_FORK_ARCHIVE_MS',
+  forkDeleteMs: 'SVC_FORK_DELETE_MS',
+  schedulerTickMs: 'SVC_SCHEDULER_TICK_MS',
 };
 
 export class ConfigError extends Error {

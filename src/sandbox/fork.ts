@@ -13,10 +13,14 @@
  * directory). They get their own PID, IPC
  * and (unless allowed) network namespaces, their own process group, and CPU, memory and time limits.
  * Without bubblewrap a fork refuses to run anything unless the operator allowed unsandboxed execution.
+ *
+ * A fork with dev servers holds a private network namespace of its own (`fork.network`, made by
+ * dev-servers.ts): its commands without network access join that namespace (`nsenter --net`) instead of
+ * an empty one each, so they reach the dev servers on 127.0.0.1 and nothing else.
  */
 import { spawn, spawnSync } from 'node:child_process';
-import { cp, mkdir, readdir, rm, stat } from 'node:fs/promises';
-import { existsSync } from 'node:fs';
+import { cp, mkdir, readdir, rename, rm, stat } from 'node:fs/promises';
+import { existsSync, readdirSync, readFileSync, readlinkSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 
 export const FORK_NAME = /^[A-Za-z0-9_-]{1,64}$/;
@@ -25,7 +29,7 @@ export const SANDBOX_ROOT = '/workspace';
 export type ForkMode = 'overlay' | 'clone';
 
 /** What a sandboxed process sees of the host, read-only. */
-const SYSTEM_DIRS = ['/usr', '/bin', '/sbin', '/lib', '/lib32', '/lib64', '/libx32', '/etc', '/opt'];
+export const SYSTEM_DIRS = ['/usr', '/bin', '/sbin', '/lib', '/lib32', '/lib64', '/libx32', '/etc', '/opt'];
 
 export interface SandboxPolicy {
   /** Paths a sandboxed process must not see (the data dir, the forks and environments roots, keys). */
@@ -45,8 +49,35 @@ export interface RunOptions {
   cpuSeconds?: number;
   signal?: AbortSignal;
   stdin?: string;
+  /** Mount the fork read-only (ask and plan runs change nothing). */
+  readOnly?: boolean;
   /** Called with each chunk of standard output as it arrives (it is collected in `stdout` as well). */
   onStdout?: (chunk: string) => void;
+}
+
+/** What a long-running process (a dev server) is started with; it runs until stopped. */
+export type LongRunningOptions = Pick<RunOptions, 'cwd' | 'env' | 'network' | 'memoryMiB' | 'cpuSeconds'>;
+
+/** A process group started by `spawnLongRunning`. */
+export interface LongRunningProcess {
+  /** The group's leader (and so the group's id). */
+  readonly pid: number;
+  /** Its latest output, standard output and error interleaved, at most 16 KiB. */
+  output(): string;
+  /** Resolves when its group leader has exited (and whatever it left in its group was killed). */
+  readonly exited: Promise<{ exitCode: number | null; signal: NodeJS.Signals | null }>;
+  /** SIGTERM to the whole group, SIGKILL after `graceMs`; resolves when it is gone. */
+  stop(graceMs?: number): Promise<void>;
+}
+
+/**
+ * A private network namespace a fork's commands share (with its dev servers). Held open by a process;
+ * `inode` names the namespace so that a reused pid is never mistaken for it.
+ */
+export interface ForkNetwork {
+  holderPid: number;
+  /** `net:[<inode>]`, as /proc/<pid>/ns/net links to it. */
+  inode: string;
 }
 
 export interface RunResult {
@@ -92,7 +123,15 @@ export interface ForkInfo {
   dir: string;
 }
 
+/** The fork's own files within its directory: the overlay's upper dir (its changes only), or the copy. */
+export function changesDirOf(info: Pick<ForkInfo, 'mode' | 'dir'>): string {
+  return info.mode === 'overlay' ? join(info.dir, 'upper') : join(info.dir, 'root');
+}
+
 export class Fork {
+  /** Set while the fork holds a private network namespace; see the module comment. */
+  network: ForkNetwork | null = null;
+
   constructor(
     readonly info: ForkInfo,
     private readonly policy: SandboxPolicy,
@@ -100,19 +139,49 @@ export class Fork {
 
   /** Where the fork's files are as the host sees them: the copy, or the overlay's upper (changes only). */
   get changesDir(): string {
-    return this.info.mode === 'overlay' ? join(this.info.dir, 'upper') : join(this.info.dir, 'root');
+    return changesDirOf(this.info);
   }
 
   /** Runs `command` (argv) in the fork and resolves when its whole process group is gone. */
   run(command: readonly string[], options: RunOptions = {}): Promise<RunResult> {
+    try {
+      return runProcessGroup(this.commandLine(command, options), options);
+    } catch (error) {
+      return Promise.reject(error as Error);
+    }
+  }
+
+  /**
+   * Starts `command` in the fork like `run`, as a process group of its own that runs until it exits or is
+   * stopped (a dev server). It dies with this process (bubblewrap's --die-with-parent).
+   */
+  spawnLongRunning(command: readonly string[], options: LongRunningOptions = {}): LongRunningProcess {
+    return spawnLongRunningGroup(this.commandLine(command, options), options.env ?? {});
+  }
+
+  /** The namespace path of the fork's private network, if it still exists (checked against its inode). */
+  privateNetworkPath(): string | null {
+    if (!this.network) return null;
+    const path = `/proc/${this.network.holderPid}/ns/net`;
+    try {
+      return readlinkSync(path) === this.network.inode ? path : null;
+    } catch {
+      return null;
+    }
+  }
+
+  /** The whole argv that runs `command` in the fork: private network, overlay mount, limits, bubblewrap. */
+  private commandLine(command: readonly string[], options: RunOptions): string[] {
     const { bwrap } = sandboxCapabilities();
-    if (!bwrap && !this.policy.allowUnsandboxed) return Promise.reject(new SandboxUnavailableError());
+    if (!bwrap && !this.policy.allowUnsandboxed) throw new SandboxUnavailableError();
     const root = this.info.mode === 'overlay' ? join(this.info.dir, 'merged') : join(this.info.dir, 'root');
+    // Without network access, a fork with a private network runs its command there (not in an empty one).
+    const network = bwrap && !options.network ? this.privateNetworkPath() : null;
     const limits = [
       options.memoryMiB ? `ulimit -v ${Math.floor(options.memoryMiB * 1024)}` : '',
       options.cpuSeconds ? `ulimit -t ${Math.floor(options.cpuSeconds)}` : '',
     ].filter(Boolean);
-    const inner = bwrap ? ['bwrap', ...this.bwrapArgs(root, options), '--', ...command] : [...command];
+    const inner = bwrap ? ['bwrap', ...this.bwrapArgs(root, options, network !== null), '--', ...command] : [...command];
     // $1..$4: overlay dirs (or empty); the rest: the command to exec after mounting and limiting.
     const script = [
       this.info.mode === 'overlay' ? 'mount -t overlay overlay -o "lowerdir=$1,upperdir=$2,workdir=$3" "$4" || exit 125' : '',
@@ -130,10 +199,10 @@ export class Fork {
       this.info.mode === 'overlay'
         ? ['unshare', '-m', '--propagation', 'private', 'sh', '-c', script, 'sh', ...overlayArgs, ...inner]
         : ['sh', '-c', script, 'sh', ...overlayArgs, ...inner];
-    return runProcessGroup(argv, options);
+    return network ? ['nsenter', `--net=${network}`, ...argv] : argv;
   }
 
-  private bwrapArgs(root: string, options: RunOptions): string[] {
+  private bwrapArgs(root: string, options: RunOptions, sharedNetwork: boolean): string[] {
     // A fresh root holding only the system's programs and libraries, read-only: home directories, /srv,
     // /var and wherever the service keeps its data are simply not there.
     const args = ['--die-with-parent'];
@@ -144,22 +213,63 @@ export class Fork {
     }
     // A fallback copy's shared clones borrow the environment's git objects by absolute path.
     if (this.info.mode === 'clone') args.push('--ro-bind', this.info.base, this.info.base);
-    args.push('--bind', root, SANDBOX_ROOT, '--chdir', join(SANDBOX_ROOT, options.cwd ?? ''));
+    args.push(options.readOnly ? '--ro-bind' : '--bind', root, SANDBOX_ROOT, '--chdir', join(SANDBOX_ROOT, options.cwd ?? ''));
     args.push('--unshare-pid', '--unshare-ipc', '--unshare-uts', '--hostname', 'sandbox');
-    if (!options.network) args.push('--unshare-net');
-    args.push('--setenv', 'HOME', SANDBOX_ROOT);
+    if (!options.network && !sharedNetwork) args.push('--unshare-net');
+    // Caches that tools keep in HOME (npm's logs, for one) stay out of the repositories.
+    args.push('--setenv', 'HOME', '/tmp');
     for (const [name, value] of Object.entries(options.env ?? {})) args.push('--setenv', name, value);
     return args;
   }
 }
 
-function runProcessGroup(argv: readonly string[], options: RunOptions): Promise<RunResult> {
+const baseEnv = (env: Record<string, string>) => ({ PATH: process.env.PATH ?? '/usr/bin:/bin', LANG: 'C.UTF-8', ...env });
+
+/** Sends `signal` to the process group led by `pid`; false when there is none. */
+export function signalGroup(pid: number, signal: NodeJS.Signals): boolean {
+  try {
+    process.kill(-pid, signal);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** Whether any process of the group led by `pid` still runs (zombies, waiting to be reaped, do not). */
+export function groupRunning(pid: number): boolean {
+  for (const entry of readdirSync('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      const stat = readFileSync(`/proc/${entry}/stat`, 'utf8');
+      const [state, , pgid] = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+      if (Number(pgid) === pid && state !== 'Z' && state !== 'X') return true;
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return false;
+}
+
+/** Kills the group led by `pid` and waits (bounded) until none of it runs any more. */
+export async function killGroup(pid: number, timeoutMs = 2_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (groupRunning(pid) && Date.now() < deadline) {
+    signalGroup(pid, 'SIGKILL');
+    await new Promise((resolveWait) => setTimeout(resolveWait, 20));
+  }
+}
+
+/**
+ * Runs argv (on the host, as it is) as a process group of its own and resolves when the group is gone:
+ * whatever the command leaves behind in its group is killed with it.
+ */
+export function runProcessGroup(argv: readonly string[], options: RunOptions): Promise<RunResult> {
   const started = Date.now();
   return new Promise((resolvePromise, reject) => {
     const child = spawn(argv[0]!, argv.slice(1), {
       detached: true,
       stdio: ['pipe', 'pipe', 'pipe'],
-      env: { PATH: process.env.PATH ?? '/usr/bin:/bin', LANG: 'C.UTF-8', ...(options.env ?? {}) },
+      env: baseEnv(options.env ?? {}),
     });
     let stdout = '';
     let stderr = '';
@@ -175,11 +285,7 @@ function runProcessGroup(argv: readonly string[], options: RunOptions): Promise<
     child.stdin.on('error', () => undefined);
     child.stdin.end(options.stdin ?? '');
     const killGroup = () => {
-      try {
-        if (child.pid) process.kill(-child.pid, 'SIGKILL');
-      } catch {
-        // already gone
-      }
+      if (child.pid) signalGroup(child.pid, 'SIGKILL');
     };
     const timer = options.timeoutMs
       ? setTimeout(() => {
@@ -204,6 +310,44 @@ function runProcessGroup(argv: readonly string[], options: RunOptions): Promise<
   });
 }
 
+const OUTPUT_TAIL = 16 * 1024;
+
+function spawnLongRunningGroup(argv: readonly string[], env: Record<string, string>): LongRunningProcess {
+  const child = spawn(argv[0]!, argv.slice(1), { detached: true, stdio: ['ignore', 'pipe', 'pipe'], env: baseEnv(env) });
+  let tail = '';
+  const collect = (chunk: string) => {
+    tail = (tail + chunk).slice(-OUTPUT_TAIL);
+  };
+  child.stdout.setEncoding('utf8').on('data', collect);
+  child.stderr.setEncoding('utf8').on('data', collect);
+  const exited = new Promise<{ exitCode: number | null; signal: NodeJS.Signals | null }>((resolveExit) => {
+    child.on('error', (error) => {
+      collect(`${error.message}\n`);
+      resolveExit({ exitCode: null, signal: null });
+    });
+    child.on('close', (exitCode, signal) => {
+      if (child.pid) signalGroup(child.pid, 'SIGKILL');
+      resolveExit({ exitCode, signal });
+    });
+  });
+  const pid = child.pid ?? -1;
+  return {
+    pid,
+    output: () => tail,
+    exited,
+    async stop(graceMs = 2_000) {
+      if (pid <= 0) return;
+      if (signalGroup(pid, 'SIGTERM')) {
+        const timer = setTimeout(() => signalGroup(pid, 'SIGKILL'), graceMs);
+        await exited;
+        clearTimeout(timer);
+      }
+      // The leader gone, its group may still hold a process that outlived it.
+      await killGroup(pid);
+    },
+  };
+}
+
 /** Creates and removes forks under `forksRoot`. */
 export class ForkManager {
   constructor(
@@ -212,12 +356,19 @@ export class ForkManager {
     private readonly log: (message: string) => void = () => undefined,
   ) {}
 
-  async create(name: string, base: string, options: { mode?: ForkMode } = {}): Promise<Fork> {
+  /** Where the fork named `name` keeps its files, and its archive once archived. */
+  dirOf(name: string): string {
     if (!FORK_NAME.test(name)) throw new Error(`fork name "${name}" must be 1-64 letters, digits, "-" or "_"`);
-    const environment = resolve(base);
-    if (/[,:]/.test(environment)) throw new Error(`environment path ${environment} may not contain "," or ":"`);
-    if (!(await stat(environment)).isDirectory()) throw new Error(`environment ${environment} is not a directory`);
-    const dir = join(resolve(this.forksRoot), name);
+    return join(resolve(this.forksRoot), name);
+  }
+
+  archiveOf(name: string): string {
+    return `${this.dirOf(name)}${ARCHIVE_SUFFIX}`;
+  }
+
+  async create(name: string, base: string, options: { mode?: ForkMode } = {}): Promise<Fork> {
+    const dir = this.dirOf(name);
+    const environment = await checkedEnvironment(base);
     if (existsSync(dir)) throw new Error(`fork "${name}" already exists`);
     let mode = options.mode ?? (sandboxCapabilities().overlay ? 'overlay' : 'clone');
     if (mode === 'overlay' && !sandboxCapabilities().overlay) mode = 'clone';
@@ -232,9 +383,92 @@ export class ForkManager {
     return new Fork({ name, mode, base: environment, dir }, this.policy);
   }
 
+  /** The fork `name` whose directory exists already (made by `create` or `restore`). */
+  async open(name: string, base: string, mode: ForkMode): Promise<Fork> {
+    return new Fork({ name, mode, base: await checkedEnvironment(base), dir: this.dirOf(name) }, this.policy);
+  }
+
   async remove(fork: Fork): Promise<void> {
     await rm(fork.info.dir, { recursive: true, force: true });
   }
+
+  /** Removes whatever the fork `name` has here: its directory, its archive, a restore under way. */
+  async removeAll(name: string): Promise<void> {
+    const dir = this.dirOf(name);
+    for (const path of [dir, `${dir}${RESTORING_SUFFIX}`, this.archiveOf(name)]) await rm(path, { recursive: true, force: true });
+    await this.removeTemporaryArchives(name);
+  }
+
+  /** Temporary archives that an archive move which crashed (or was taken over) left behind. */
+  private async removeTemporaryArchives(name: string): Promise<void> {
+    const prefix = `${name}${ARCHIVE_SUFFIX}.`;
+    const parent = resolve(this.forksRoot);
+    if (!existsSync(parent)) return;
+    for (const entry of await readdir(parent)) {
+      if (entry.startsWith(prefix) && entry.endsWith('.tmp')) await rm(join(parent, entry), { force: true });
+    }
+  }
+
+  /**
+   * Keeps the fork compactly: a gzipped tar of its own files only (an overlay fork's changes, with their
+   * whiteouts and overlay attributes), written under a temporary name and renamed into place, then its
+   * directory is removed. `check` runs before each of those two steps and throws to abandon the move.
+   * A fork whose directory is gone already keeps the archive it has.
+   */
+  async archive(name: string, mode: ForkMode, check: () => Promise<void> = async () => undefined): Promise<void> {
+    const dir = this.dirOf(name);
+    await this.removeTemporaryArchives(name);
+    if (!existsSync(dir)) return;
+    const archive = this.archiveOf(name);
+    const temporary = `${archive}.${process.pid}-${Date.now()}.tmp`;
+    try {
+      await runTar(['--create', '--file', temporary, '--directory', changesDirOf({ mode, dir }), '.']);
+      await check();
+      await rename(temporary, archive);
+    } finally {
+      await rm(temporary, { force: true });
+    }
+    await check();
+    await rm(dir, { recursive: true, force: true });
+  }
+
+  /**
+   * Restores an archived fork: unpacked beside its place, renamed into it (so a crash leaves either the
+   * archive or the whole fork), then the archive is removed.
+   */
+  async restore(name: string, base: string, mode: ForkMode): Promise<Fork> {
+    const dir = this.dirOf(name);
+    const staging = `${dir}${RESTORING_SUFFIX}`;
+    await rm(staging, { recursive: true, force: true });
+    await mkdir(staging, { recursive: true });
+    if (mode === 'overlay') {
+      await mkdir(join(staging, 'work'));
+      await mkdir(join(staging, 'merged'));
+    }
+    const changes = changesDirOf({ mode, dir: staging });
+    await mkdir(changes);
+    await runTar(['--extract', '--file', this.archiveOf(name), '--directory', changes]);
+    await rename(staging, dir);
+    await rm(this.archiveOf(name), { force: true });
+    return this.open(name, base, mode);
+  }
+}
+
+const ARCHIVE_SUFFIX = '.tar.gz';
+const RESTORING_SUFFIX = '.restoring';
+
+async function runTar(args: string[]): Promise<void> {
+  // Overlay whiteouts are device files and opaque directories carry trusted.overlay.* attributes: both
+  // must survive the round trip (as root, which overlay forks need anyway).
+  const result = await runProcessGroup(['tar', '--gzip', '--numeric-owner', '--xattrs', '--xattrs-include=trusted.*', ...args], { timeoutMs: 60 * 60_000 });
+  if (result.exitCode !== 0) throw new Error(`tar ${args[0]} failed (${result.exitCode ?? result.signal}): ${result.stderr.trim()}`);
+}
+
+async function checkedEnvironment(base: string): Promise<string> {
+  const environment = resolve(base);
+  if (/[,:]/.test(environment)) throw new Error(`environment path ${environment} may not contain "," or ":"`);
+  if (!(await stat(environment)).isDirectory()) throw new Error(`environment ${environment} is not a directory`);
+  return environment;
 }
 
 /** The fallback copy: git repositories as shared local clones, everything else copied as it is. */

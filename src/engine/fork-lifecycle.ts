@@ -1,0 +1,308 @@
+/**
+ * The fork lifecycle (SPEC.md "Sandbox fork lifecycle"): a task keeps one fork per host between its jobs
+ * (named by its slug, under `forksRoot/<workspace id>/<name>`), so a follow-up continues in the same
+ * files. An idle fork is stopped (its dev servers) after `idleStopMs` since last use, a stopped fork is
+ * archived (a gzipped tar of its own files, then its directory goes) after `archiveMs`, and an archived
+ * fork is deleted `deleteMs` after its last use. Acquiring a task's fork reuses it, restoring it first if
+ * it was archived.
+ *
+ * Several processes on one host may run lifecycles over the same forks. The database decides who does a
+ * move: every move is a conditional UPDATE on the observed state. The order, and what a crash leaves:
+ *
+ * - idle → stopped: read the fork's recorded processes, UPDATE, then stop those processes. Reading first
+ *   means a job that acquires the fork right after the UPDATE can never have its new servers killed. A
+ *   crash after the UPDATE leaves processes that the archive move (or the next start) stops.
+ * - stopped → archived: UPDATE to `archiving` (a claim: its `state_changed_at` is the token, renewed while
+ *   the tar runs), stop leftover processes, tar to a temporary file, rename it into place, remove the
+ *   directory, UPDATE `archiving` → `archived` where the token still matches. A crash leaves `archiving`,
+ *   which any tick takes over once the claim's lease (`claimLeaseMs`) passes, and redoes: the steps are
+ *   idempotent (a directory still there is archived again; one already gone keeps the archive it has).
+ * - archived → deleted: UPDATE to `deleting`, remove the archive and any directory, UPDATE to `deleted`;
+ *   a crash leaves `deleting`, taken over and redone the same way.
+ * - acquire: a conditional UPDATE to `active` under the job (from idle, stopped, archived or deleted, or
+ *   from active when the job holding it no longer runs), then the files: a directory that exists is the
+ *   fork; else an archive is restored (unpacked beside it and renamed into place, so a crash leaves the
+ *   archive or the whole fork); else a fresh fork is made. A crash leaves the fork active under a job
+ *   that does not run, which the next acquire takes over, and which tick stops once it is idle long.
+ */
+import { existsSync } from 'node:fs';
+import { rm } from 'node:fs/promises';
+import { join } from 'node:path';
+import { and, eq, isNull } from 'drizzle-orm';
+import type { Logger } from 'pino';
+import { readProcessRecords, stopRecordedProcesses, type ProcessRecord } from '../sandbox/dev-servers.js';
+import { type Fork, ForkManager, sandboxCapabilities, type ForkMode, type SandboxPolicy } from '../sandbox/fork.js';
+import type { Database } from '../store/db.js';
+import {
+  dueCondition,
+  findFork,
+  insertActiveFork,
+  jobNotRunning,
+  listDueForks,
+  moveFork,
+  setForkMode,
+  type ForkDurations,
+  type ForkRow,
+  type ForkState,
+} from '../store/forks.js';
+import { forks } from '../store/schema.js';
+
+export interface ForkLifecycleOptions {
+  database: Database;
+  /** `dataDir/forks`: each workspace's forks in a directory of its own. */
+  forksRoot: string;
+  /** This host's name: forks live on one host's disk, and each host moves only its own. */
+  host: string;
+  policy: SandboxPolicy;
+  /** SPEC.md: 30 minutes, 24 hours, 7 days. `claimLeaseMs` (default 5 minutes) bounds a crashed move. */
+  durations: Omit<ForkDurations, 'claimLeaseMs'> & { claimLeaseMs?: number };
+  logger: Logger;
+}
+
+export interface AcquireInput {
+  workspaceId: string;
+  taskId: string;
+  /** The task's slug: letters, digits, `-` and `_`. */
+  name: string;
+  jobId: string;
+  /** The workspace environment the fork copies. */
+  environment: string;
+}
+
+export interface TickResult {
+  stopped: number;
+  archived: number;
+  deleted: number;
+}
+
+/** The task's fork is in use by another job that still runs. */
+export class ForkBusyError extends Error {
+  constructor(name: string, jobId: string | null) {
+    super(`fork ${name} is in use by job ${jobId ?? '(unknown)'}, which still runs`);
+    this.name = 'ForkBusyError';
+  }
+}
+
+/** A claimed move lost its claim to another process (its lease ran out): it stops where it is. */
+class ClaimLostError extends Error {
+  constructor(name: string) {
+    super(`fork ${name}: another process took over this move`);
+    this.name = 'ClaimLostError';
+  }
+}
+
+const DEFAULT_CLAIM_LEASE_MS = 5 * 60_000;
+const WAIT_FOR_MOVE_MS = 200;
+const MAX_ACQUIRE_ROUNDS = 10_000;
+
+export class ForkLifecycle {
+  private readonly durations: ForkDurations;
+  /** The row and job behind each fork handed out, for release and discard. */
+  private readonly held = new WeakMap<Fork, { id: string; jobId: string; workspaceId: string }>();
+  private readonly managers = new Map<string, ForkManager>();
+
+  constructor(private readonly options: ForkLifecycleOptions) {
+    this.durations = { claimLeaseMs: DEFAULT_CLAIM_LEASE_MS, ...options.durations };
+  }
+
+  private get db() {
+    return this.options.database.db;
+  }
+
+  /** Forks of one workspace: `forksRoot/<workspace id>/<name>`. */
+  private manager(workspaceId: string): ForkManager {
+    let manager = this.managers.get(workspaceId);
+    if (!manager) {
+      manager = new ForkManager(join(this.options.forksRoot, workspaceId), this.options.policy, (message) => this.options.logger.info(message));
+      this.managers.set(workspaceId, manager);
+    }
+    return manager;
+  }
+
+  /**
+   * The task's fork on this host, active under `jobId`: reused (idle or stopped), restored (archived) or
+   * made fresh (`fresh: true`). Waits for a move under way on it; throws ForkBusyError while another job
+   * that still runs holds it.
+   */
+  async acquire(input: AcquireInput): Promise<{ fork: Fork; fresh: boolean }> {
+    const manager = this.manager(input.workspaceId);
+    manager.dirOf(input.name); // refuses a bad name before anything is written
+    const key = { host: this.options.host, workspaceId: input.workspaceId, name: input.name };
+    const deadline = Date.now() + this.durations.claimLeaseMs + 30_000;
+    const claim = { to: 'active' as const, jobId: input.jobId, taskId: input.taskId, touch: true };
+    for (let attempt = 0; ; attempt++) {
+      // Each round either claims the fork or sees another process move it meanwhile; this bounds a storm.
+      if (attempt >= MAX_ACQUIRE_ROUNDS) throw new ForkBusyError(input.name, null);
+      const row = await findFork(this.db, key);
+      let claimed: ForkRow | null = null;
+      if (!row) {
+        claimed = await insertActiveFork(this.db, { ...key, taskId: input.taskId, jobId: input.jobId, mode: defaultMode() });
+      } else {
+        switch (row.state as ForkState) {
+          case 'idle':
+          case 'stopped':
+          case 'archived':
+          case 'deleted':
+            claimed = await moveFork(this.db, row.id, { ...claim, from: row.state as ForkState });
+            break;
+          case 'active': {
+            // The same job again (a retried acquire), or a job that no longer runs (its executor died).
+            const holder = row.jobId === null ? isNull(forks.jobId) : eq(forks.jobId, row.jobId);
+            const where = row.jobId === input.jobId ? holder : and(holder, jobNotRunning);
+            claimed = await moveFork(this.db, row.id, { ...claim, from: 'active', where });
+            if (!claimed && (await findFork(this.db, key))?.jobId === row.jobId) throw new ForkBusyError(input.name, row.jobId);
+            break;
+          }
+          case 'archiving':
+          case 'deleting':
+            if (Date.now() > deadline) throw new ForkBusyError(input.name, null);
+            // A move under way finishes first; one abandoned by a crash is finished here.
+            if (!(await this.moveOn(row))) await new Promise((resolve) => setTimeout(resolve, WAIT_FOR_MOVE_MS));
+            continue;
+        }
+      }
+      if (!claimed) continue;
+      try {
+        const made = await this.materialize(manager, claimed, row?.state ?? 'deleted', input.environment);
+        this.held.set(made.fork, { id: claimed.id, jobId: input.jobId, workspaceId: input.workspaceId });
+        return made;
+      } catch (error) {
+        await moveFork(this.db, claimed.id, { from: 'active', to: 'idle', where: eq(forks.jobId, input.jobId), jobId: null }).catch(() => undefined);
+        throw error;
+      }
+    }
+  }
+
+  /** The claimed fork's files: its directory as it is, restored from its archive, or made fresh. */
+  private async materialize(manager: ForkManager, row: ForkRow, previous: string, environment: string): Promise<{ fork: Fork; fresh: boolean }> {
+    const mode = row.mode as ForkMode;
+    if (previous !== 'deleted') {
+      if (existsSync(manager.dirOf(row.name))) {
+        // An archive beside the directory is left by a crash between a restore's rename and its cleanup.
+        await rm(manager.archiveOf(row.name), { force: true });
+        return { fork: await manager.open(row.name, environment, mode), fresh: false };
+      }
+      if (existsSync(manager.archiveOf(row.name))) {
+        this.options.logger.info({ fork: row.name, workspaceId: row.workspaceId }, 'restoring an archived fork');
+        return { fork: await manager.restore(row.name, environment, mode), fresh: false };
+      }
+      this.options.logger.warn({ fork: row.name, workspaceId: row.workspaceId, state: previous }, "the fork's files are gone; starting a fresh fork");
+    }
+    await manager.removeAll(row.name);
+    const fork = await manager.create(row.name, environment);
+    if (fork.info.mode !== row.mode) await setForkMode(this.db, row.id, row.jobId ?? '', fork.info.mode);
+    return { fork, fresh: true };
+  }
+
+  /** The job is done with the fork: it stays as it is, idle, for the task's next job. */
+  async release(fork: Fork): Promise<void> {
+    const held = this.held.get(fork);
+    if (!held) throw new Error(`fork ${fork.info.name} was not acquired here`);
+    this.held.delete(fork);
+    const moved = await moveFork(this.db, held.id, { from: 'active', to: 'idle', where: eq(forks.jobId, held.jobId), jobId: null, touch: true });
+    if (!moved) this.options.logger.warn({ fork: fork.info.name, jobId: held.jobId }, 'the fork was taken over by another job before its release');
+  }
+
+  /** Removes the fork now (a read-only run leaves nothing worth keeping). */
+  async discard(fork: Fork): Promise<void> {
+    const held = this.held.get(fork);
+    if (!held) throw new Error(`fork ${fork.info.name} was not acquired here`);
+    this.held.delete(fork);
+    const records = readProcessRecords(fork.info.dir);
+    const claimed = await moveFork(this.db, held.id, { from: 'active', to: 'deleting', where: eq(forks.jobId, held.jobId), jobId: null, touch: true });
+    if (!claimed) {
+      this.options.logger.warn({ fork: fork.info.name, jobId: held.jobId }, 'the fork was taken over by another job before it was discarded');
+      return;
+    }
+    await this.delete(claimed, records);
+  }
+
+  /** Moves this host's forks that are due; each move is done by one process only. */
+  async tick(): Promise<TickResult> {
+    const result: TickResult = { stopped: 0, archived: 0, deleted: 0 };
+    for (const row of await listDueForks(this.db, this.options.host, this.durations)) {
+      try {
+        const moved = await this.moveOn(row);
+        if (moved) result[moved] += 1;
+      } catch (error) {
+        const log = error instanceof ClaimLostError ? 'info' : 'warn';
+        this.options.logger[log]({ err: error, fork: row.name, workspaceId: row.workspaceId, state: row.state }, 'a fork lifecycle move failed');
+      }
+    }
+    return result;
+  }
+
+  /** Does the move that is due for the fork in its observed state; the move done, or null if none was. */
+  private async moveOn(row: ForkRow): Promise<keyof TickResult | null> {
+    const state = row.state as ForkState;
+    const due = dueCondition(state, this.durations) ?? undefined;
+    const manager = this.manager(row.workspaceId);
+    const records = readProcessRecords(manager.dirOf(row.name));
+    switch (state) {
+      case 'idle':
+      case 'active': {
+        const holder = row.jobId === null ? isNull(forks.jobId) : eq(forks.jobId, row.jobId);
+        const moved = await moveFork(this.db, row.id, { from: state, to: 'stopped', where: and(due, holder), jobId: null });
+        if (!moved) return null;
+        await stopRecordedProcesses(manager.dirOf(row.name), records);
+        return 'stopped';
+      }
+      case 'stopped':
+      case 'archiving':
+      case 'archived':
+      case 'deleting': {
+        // The claim first (`archiving` or `deleting`), then the files.
+        const archiving = state === 'stopped' || state === 'archiving';
+        const claimed = await moveFork(this.db, row.id, { from: state, to: archiving ? 'archiving' : 'deleting', where: due });
+        if (!claimed) return null;
+        await (archiving ? this.archive(claimed, records) : this.delete(claimed, records));
+        return archiving ? 'archived' : 'deleted';
+      }
+      case 'deleted':
+        return null;
+    }
+  }
+
+  /** Archives a fork claimed `archiving`, renewing the claim while the tar runs. */
+  private async archive(claimed: ForkRow, records: ProcessRecord[]): Promise<void> {
+    const manager = this.manager(claimed.workspaceId);
+    let token = claimed.stateChangedAt;
+    let renewal: Promise<void> = Promise.resolve();
+    const renew = async () => {
+      const renewed = await moveFork(this.db, claimed.id, { from: 'archiving', to: 'archiving', where: eq(forks.stateChangedAt, token) });
+      if (!renewed) throw new ClaimLostError(claimed.name);
+      token = renewed.stateChangedAt;
+    };
+    const timer = setInterval(() => {
+      renewal = renewal.then(renew).catch(() => undefined);
+    }, Math.max(50, Math.floor(this.durations.claimLeaseMs / 3)));
+    try {
+      await stopRecordedProcesses(manager.dirOf(claimed.name), records);
+      await manager.archive(claimed.name, claimed.mode as ForkMode, async () => {
+        await renewal;
+        await renew();
+      });
+    } finally {
+      clearInterval(timer);
+      await renewal;
+    }
+    if (!(await moveFork(this.db, claimed.id, { from: 'archiving', to: 'archived', where: eq(forks.stateChangedAt, token) }))) {
+      throw new ClaimLostError(claimed.name);
+    }
+    this.options.logger.info({ fork: claimed.name, workspaceId: claimed.workspaceId }, 'fork archived');
+  }
+
+  /** Removes everything of a fork claimed `deleting` (idempotent: a crashed removal is simply redone). */
+  private async delete(claimed: ForkRow, records: ProcessRecord[]): Promise<void> {
+    const manager = this.manager(claimed.workspaceId);
+    await stopRecordedProcesses(manager.dirOf(claimed.name), records);
+    await manager.removeAll(claimed.name);
+    if (!(await moveFork(this.db, claimed.id, { from: 'deleting', to: 'deleted', where: eq(forks.stateChangedAt, claimed.stateChangedAt) }))) {
+      throw new ClaimLostError(claimed.name);
+    }
+  }
+}
+
+function defaultMode(): ForkMode {
+  return sandboxCapabilities().overlay ? 'overlay' : 'clone';
+}

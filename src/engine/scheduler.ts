@@ -1,0 +1,83 @@
+/**
+ * The scheduler: runs periodic work every `tickMs` in this process — today the fork lifecycle's moves,
+ * later the automations. Ticks never overlap (the next is timed from the end of the last); a failing job
+ * is logged and tried again next tick, never thrown out of the timer.
+ *
+ * Every process runs its own scheduler. The fork lifecycle is per host (each host moves the forks on its
+ * disk) and each of its moves is a conditional UPDATE, so several processes ticking at once is safe;
+ * work that must run once across all hosts will take a PostgreSQL advisory lock here when it arrives.
+ */
+import type { Logger } from 'pino';
+
+export interface ScheduledWork {
+  name: string;
+  /** One round of the work; what it resolves to is logged when it did something. */
+  run(): Promise<unknown>;
+}
+
+export interface SchedulerOptions {
+  tickMs: number;
+  work: ScheduledWork[];
+  logger: Logger;
+}
+
+export class Scheduler {
+  private timer: NodeJS.Timeout | null = null;
+  private inFlight: Promise<void> | null = null;
+  private running = false;
+
+  constructor(private readonly options: SchedulerOptions) {}
+
+  /** Starts ticking: the first tick comes after `tickMs`. */
+  start(): void {
+    if (this.running) return;
+    this.running = true;
+    this.schedule();
+  }
+
+  /** Stops ticking and waits for a tick in flight to end. */
+  async stop(): Promise<void> {
+    this.running = false;
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = null;
+    await this.inFlight;
+  }
+
+  /** Runs every piece of work once, now (a tick in flight finishes first). */
+  async tick(): Promise<void> {
+    while (this.inFlight) await this.inFlight;
+    const tick = this.runAll().finally(() => {
+      this.inFlight = null;
+    });
+    this.inFlight = tick;
+    await tick;
+  }
+
+  private schedule(): void {
+    if (!this.running) return;
+    this.timer = setTimeout(() => {
+      this.timer = null;
+      void this.tick().finally(() => this.schedule());
+    }, this.options.tickMs);
+    // The scheduler alone keeps no process alive.
+    this.timer.unref();
+  }
+
+  private async runAll(): Promise<void> {
+    for (const work of this.options.work) {
+      try {
+        const result = await work.run();
+        if (didSomething(result)) this.options.logger.info({ work: work.name, result }, 'scheduled work done');
+      } catch (error) {
+        this.options.logger.error({ err: error, work: work.name }, 'scheduled work failed');
+      }
+    }
+  }
+}
+
+/** A result worth a log line: anything but nothing, or counts that are all zero. */
+function didSomething(result: unknown): boolean {
+  if (result === undefined || result === null) return false;
+  if (typeof result === 'object') return Object.values(result).some((value) => value !== 0);
+  return true;
+}
