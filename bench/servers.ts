@@ -3,6 +3,7 @@
  * load generator. `bare`: Fastify hello-world (the baseline). `pglite` / `postgres`: the real svc HTTP
  * edge on that store, with one workspace, key and task. Prints one JSON line `{ port, keys, taskId }`.
  */
+import { tmpdir } from 'node:os';
 import Fastify from 'fastify';
 import { buildServer } from '../src/server/app.js';
 import { createApiKey } from '../src/store/api-keys.js';
@@ -33,7 +34,7 @@ async function main(): Promise<void> {
   for (let i = 0; i < KEYS; i++) keys.push((await createApiKey(database.db, { workspaceId: workspace!.id, name: `bench ${i}` })).key);
   const key = keys[0]!;
   // Limits far above the load so that every request runs the whole rate-limit path and none is refused.
-  const app = await buildServer({ database, publicUrl: 'http://bench', rateLimits: { perMinute: 1e9, perHour: 1e9 } });
+  const app = await buildServer({ database, publicUrl: 'http://bench', dataDir: tmpdir(), rateLimits: { perMinute: 1e9, perHour: 1e9 } });
   await app.listen({ port: 0, host: '127.0.0.1' });
   const created = await app.inject({
     method: 'POST',
