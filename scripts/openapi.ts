@@ -8,6 +8,7 @@
  * or that do not mean there what zod meant) and `answerProblems` (whether a real answer is one the
  * document describes, read with 3.0.3's strict `nullable`).
  */
+import { tmpdir } from 'node:os';
 import { writeFileSync } from 'node:fs';
 import openapiTS, { astToString } from 'openapi-typescript';
 import { openDatabase } from '../src/store/db.js';
@@ -24,7 +25,7 @@ export async function buildDocument(): Promise<Json> {
   // The document needs no data: an unmigrated in-memory database is never queried.
   const database = await openDatabase({ driver: 'pglite', dataDir: null }, { migrate: false });
   try {
-    const app = await buildServer({ database, publicUrl: DOCUMENT_SERVER, rateLimits: { perMinute: 100, perHour: 1000 } });
+    const app = await buildServer({ database, publicUrl: DOCUMENT_SERVER, dataDir: tmpdir(), rateLimits: { perMinute: 100, perHour: 1000 } });
     await app.ready();
     const document = app.swagger() as unknown as Json;
     await app.close();

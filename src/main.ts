@@ -10,7 +10,11 @@ import { openDatabase, type Database, type StoreLocation } from './store/db.js';
 import { pruneRateLimitBuckets } from './store/rate-limit.js';
 import { buildServer } from './server/app.js';
 import { Executor } from './engine/executor.js';
+import { ForkLifecycle } from './engine/fork-lifecycle.js';
+import { Scheduler } from './engine/scheduler.js';
+import { startDevServers } from './sandbox/dev-servers.js';
 import { hostname } from 'node:os';
+import { join } from 'node:path';
 
 export { admin };
 export type { Config };
@@ -31,16 +35,49 @@ export async function withStore<T>(config: Config, fn: (database: Database) => P
   }
 }
 
-function makeExecutor(config: Config, database: Database, logger: Logger): Executor | null {
+/**
+ * The fork lifecycle of this host's task forks (`dataDir/forks`). One per process: the executor acquires
+ * and releases forks through it, and the scheduler ticks it.
+ */
+export function forkLifecycleFor(config: Config, database: Database, logger: Logger): ForkLifecycle {
+  return new ForkLifecycle({
+    database,
+    forksRoot: join(config.dataDir, 'forks'),
+    host: hostname(),
+    policy: { hiddenPaths: [config.dataDir], allowUnsandboxed: config.allowUnsandboxed },
+    durations: { idleStopMs: config.forkIdleStopMs, archiveMs: config.forkArchiveMs, deleteMs: config.forkDeleteMs },
+    logger: logger.child({ component: 'forks' }),
+  });
+}
+
+/** The scheduler of this process, started: the fork lifecycle's moves (and, later, automations). */
+function startScheduler(config: Config, forks: ForkLifecycle, logger: Logger): Scheduler {
+  const scheduler = new Scheduler({
+    tickMs: config.schedulerTickMs,
+    work: [{ name: 'fork-lifecycle', run: () => forks.tick() }],
+    logger: logger.child({ component: 'scheduler' }),
+  });
+  scheduler.start();
+  return scheduler;
+}
+
+/** Where people reach the service: SVC_PUBLIC_URL, or the address it listens on. */
+function publicUrlOf(config: Config, port: number = config.port): string {
+  return (config.publicUrl ?? `http://${config.host.includes(':') ? `[${config.host}]` : config.host}:${port}`).replace(/\/+$/, '');
+}
+
+function makeExecutor(config: Config, database: Database, forks: ForkLifecycle, publicUrl: string, logger: Logger): Executor | null {
   if (config.executorConcurrency === 0) return null;
   return new Executor({
     database,
     dataDir: config.dataDir,
+    publicUrl,
+    forks,
+    startDevServers,
     owner: `${hostname()}:${process.pid}`,
     concurrency: config.executorConcurrency,
     leaseMs: config.jobLeaseMs,
     pollMs: 5_000,
-    allowUnsandboxed: config.allowUnsandboxed,
     logger: logger.child({ component: 'executor' }),
   });
 }
@@ -48,15 +85,18 @@ function makeExecutor(config: Config, database: Database, logger: Logger): Execu
 /** `svc worker`: executors only, no HTTP (scaled deployments run these against PostgreSQL). */
 export async function startWorker(config: Config, logger: Logger = pino({ level: config.logLevel })): Promise<{ close(): Promise<void> }> {
   const database = await openDatabase(storeLocation(config));
-  const executor = makeExecutor(config, database, logger);
+  const forks = forkLifecycleFor(config, database, logger);
+  const executor = makeExecutor(config, database, forks, publicUrlOf(config), logger);
   if (!executor) {
     await database.close();
     throw new Error('SVC_EXECUTOR_CONCURRENCY is 0: a worker with no executors has nothing to do');
   }
   await executor.start();
+  const scheduler = startScheduler(config, forks, logger);
   return {
     async close() {
       try {
+        await scheduler.stop();
         await executor.stop();
       } finally {
         await database.close();
@@ -79,21 +119,25 @@ export async function startService(config: Config, logger: Logger = pino({ level
   let app: FastifyInstance | null = null;
   let pruneTimer: NodeJS.Timeout | null = null;
   let executor: Executor | null = null;
+  let scheduler: Scheduler | null = null;
   try {
     const created = await admin.bootstrap(database.db, config.defaultAgent);
-    const publicUrl = (config.publicUrl ?? `http://${config.host}:${config.port}`).replace(/\/+$/, '');
     app = await buildServer({
       database,
-      publicUrl,
+      publicUrl: publicUrlOf(config),
+      dataDir: config.dataDir,
       rateLimits: { perMinute: config.rateLimitPerMinute, perHour: config.rateLimitPerHour },
       logger,
     });
     await app.listen({ port: config.port, host: config.host });
-    executor = makeExecutor(config, database, logger);
-    await executor?.start();
-    const runningExecutor = executor;
     const address = app.server.address();
     const port = typeof address === 'object' && address ? address.port : config.port;
+    const forks = forkLifecycleFor(config, database, logger);
+    executor = makeExecutor(config, database, forks, publicUrlOf(config, port), logger);
+    await executor?.start();
+    const runningExecutor = executor;
+    const runningScheduler = startScheduler(config, forks, logger);
+    scheduler = runningScheduler;
     pruneTimer = setInterval(() => {
       pruneRateLimitBuckets(database.db).catch((error: unknown) => logger.warn({ err: error }, 'pruning rate limit buckets failed'));
     }, 5 * 60_000);
@@ -107,6 +151,7 @@ export async function startService(config: Config, logger: Logger = pino({ level
       async close() {
         if (pruneTimer) clearInterval(pruneTimer);
         try {
+          await runningScheduler.stop();
           await runningExecutor?.stop();
           await running.close();
         } finally {
@@ -116,6 +161,7 @@ export async function startService(config: Config, logger: Logger = pino({ level
     };
   } catch (error) {
     if (pruneTimer) clearInterval(pruneTimer);
+    await scheduler?.stop().catch(() => undefined);
     await executor?.stop().catch(() => undefined);
     await app?.close().catch(() => undefined);
     await database.close();

@@ -1,53 +1,19 @@
-import { mkdtempSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import pino from 'pino';
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { Executor } from '../src/engine/executor.js';
-import { startFakeModel, type FakeModel, type ScriptedAnswer } from './support/fake-model.js';
-import { useTestApi, type Tenant, type TestApi } from './support/api.js';
+import { describe, expect, it } from 'vitest';
+import type { FakeModel, ScriptedAnswer } from './support/fake-model.js';
+import type { Tenant } from './support/api.js';
 import { testDrivers } from './support/db.js';
+import { useTestEngine, type TestEngine } from './support/engine.js';
 
 describe.each(testDrivers)('the executor on %s', (driver) => {
-  let api: TestApi;
+  let engine: TestEngine;
   let tenant: Tenant;
   let model: FakeModel;
-  let executor: Executor;
-  const script: ScriptedAnswer[] = [];
-  useTestApi(driver, (ready) => ({ api, tenant } = ready));
-
-  beforeAll(async () => {
-    model = await startFakeModel(script);
-    executor = new Executor({
-      database: api.db.database,
-      dataDir: mkdtempSync(join(tmpdir(), 'svc-executor-')),
-      owner: 'test',
-      concurrency: 1,
-      leaseMs: 30_000,
-      pollMs: 200,
-      allowUnsandboxed: false,
-      modelEnv: { OPENAI_COMPATIBLE_BASE_URL: model.baseUrl },
-      logger: pino({ level: 'silent' }),
-    });
-    await executor.start();
+  let script: ScriptedAnswer[];
+  useTestEngine(driver, (ready) => {
+    engine = ready;
+    ({ tenant, model, script } = ready);
   });
-  afterAll(async () => {
-    await executor?.stop();
-    await model?.close();
-  });
-  afterEach(() => {
-    script.length = 0;
-  });
-
-  /** Polls the task until its job is done (bounded); the executor picks it up on NOTIFY. */
-  async function settled(taskId: string) {
-    for (let i = 0; i < 300; i++) {
-      const body = (await tenant.request('GET', `/api/v1/tasks/${taskId}`)).json();
-      if (!['PENDING', 'IN_PROGRESS'].includes(body.task.status)) return body;
-      await new Promise((resolve) => setTimeout(resolve, 100));
-    }
-    throw new Error('the task did not settle in 30 s');
-  }
+  const settled = (taskId: string) => engine.settled(taskId);
 
   it('answers an ask task and journals the run', async () => {
     script.push({ toolCalls: [{ name: 'list_files', arguments: { path: '.' } }] }, { toolCalls: [{ name: 'finish', arguments: { summary: 'The answer is 42.' } }] });

@@ -20,10 +20,12 @@ export interface ForkWorkspaceOptions {
   signal?: AbortSignal;
   /** Variables every command sees (dev server addresses, for one). */
   env?: Record<string, string>;
+  /** Every command sees the fork read-only (ask and plan runs). */
+  readOnly?: boolean;
 }
 
 export function forkWorkspace(fork: Fork, options: ForkWorkspaceOptions): Workspace {
-  const base = { network: options.network, ...(options.signal ? { signal: options.signal } : {}), ...(options.env ? { env: options.env } : {}) };
+  const base = { network: options.network, readOnly: options.readOnly ?? false, ...(options.signal ? { signal: options.signal } : {}), ...(options.env ? { env: options.env } : {}) };
   const run = (argv: string[], stdin?: string, timeoutMs = FILE_TIMEOUT_MS) =>
     fork.run(argv, { ...base, timeoutMs, ...(stdin === undefined ? {} : { stdin }) });
   const checked = async (argv: string[], stdin?: string) => {
@@ -44,7 +46,8 @@ export function forkWorkspace(fork: Fork, options: ForkWorkspaceOptions): Worksp
       return result.stdout;
     },
     async runCommand(command, timeoutMs) {
-      const result = await run(['sh', '-c', `${command} 2>&1`], undefined, timeoutMs);
+      // All of the shell's own complaints too (a failed redirection, say), not only the commands' stderr.
+      const result = await run(['sh', '-c', `exec 2>&1\n${command}`], undefined, timeoutMs);
       return { exitCode: result.exitCode, output: result.stdout, timedOut: result.timedOut };
     },
     async runStreaming(argv, { env, timeoutMs, network, stdin, onLine }) {

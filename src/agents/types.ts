@@ -14,7 +14,10 @@ export type AgentEvent =
   | { kind: 'question'; data: { question: string } }
   | { kind: 'plan'; data: { plan: string } }
   | { kind: 'final'; data: { answer: string } }
-  | { kind: 'error'; data: { message: string } };
+  | { kind: 'error'; data: { message: string } }
+  /** Written by the executor around the harness: a check's run (the proof), a pushed pull request. */
+  | { kind: 'check'; data: { round: number; repository: string; name: string; command: string; passed: boolean; exitCode: number | null; timedOut: boolean; durationMs: number; outputTail: string } }
+  | { kind: 'pull_request'; data: { repository: string; number: number; url: string; branch: string; head: string; opened: boolean } };
 
 /** What the agent may do to the workspace: implemented over a sandboxed fork. */
 export interface Workspace {

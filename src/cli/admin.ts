@@ -1,4 +1,5 @@
 /** `svc admin`: operator bootstrap commands that work directly on the store. */
+import { join } from 'node:path';
 import type { Command } from 'commander';
 import { admin, withStore } from '../main.js';
 import { formatCredits } from '../domain/pricing.js';
@@ -48,6 +49,34 @@ export function registerAdmin(program: Command): void {
       const { workspace: name, ...rest } = options;
       const balance = await withStore(configFrom(rest), (database) => admin.workspaceCredits(database.db, name));
       process.stdout.write(`${formatCredits(balance)}\n`);
+    },
+  );
+
+  const repo = root.command('repo').description("connect repositories to a workspace's environment and code host");
+  addStoreOptions(
+    repo
+      .command('add <source>')
+      .description('connect a repository from a git URL or a local path; its checks are detected from package.json')
+      .requiredOption('--workspace <name>', 'workspace')
+      .option('--name <owner/repo>', 'its name (default: from the URL, or local/<directory> for a path)'),
+  ).action(async (source: string, options: { workspace: string; name?: string } & Record<string, unknown>) => {
+    const { workspace: name, name: fullName, ...rest } = options;
+    const config = configFrom(rest);
+    const { repository, spec } = await withStore(config, (database) =>
+      admin.addRepository(database.db, { dataDir: config.dataDir, workspace: name, source, ...(fullName === undefined ? {} : { fullName }) }),
+    );
+    const checks = spec.checks.map((check) => check.name).join(', ') || 'none';
+    process.stdout.write(
+      `Connected ${repository.fullName} to "${name}" (branch ${repository.defaultBranch}, directory ${repository.dir}/; checks: ${checks}).\n` +
+        `Edit its setup, checks and dev servers in ${join(admin.environmentDir(config.dataDir, repository.workspaceId), admin.ENVIRONMENT_CONFIG_FILE)}\n`,
+    );
+  });
+  addStoreOptions(repo.command('list').description("list a workspace's repositories").requiredOption('--workspace <name>', 'workspace').option('--json', 'print JSON')).action(
+    async (options: { workspace: string; json?: boolean } & Record<string, unknown>) => {
+      const { workspace: name, json, ...rest } = options;
+      const rows = await withStore(configFrom(rest), (database) => admin.workspaceRepositories(database.db, name));
+      if (json) return void process.stdout.write(`${JSON.stringify(rows, null, 2)}\n`);
+      process.stdout.write(table(rows.map((row) => ({ name: row.fullName, branch: row.defaultBranch, dir: row.dir, source: row.source }))) || 'No repositories.\n');
     },
   );
 

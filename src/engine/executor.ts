@@ -4,25 +4,21 @@
  * usage, and complete the job. Several executors (processes, or slots in one) may run against one
  * database: a job is owned only through its claim, generation and lease.
  *
- * Not yet here (issue 3): verification, commits and pull requests, dev servers, fork lifecycle.
+ * What a job does inside its fork is JobRun's (job-run.ts); this file is the claiming, leases and journal.
  */
-import { mkdir } from 'node:fs/promises';
-import { join } from 'node:path';
 import { eq } from 'drizzle-orm';
 import type { Logger } from 'pino';
-import { BuiltinHarness } from '../agents/builtin.js';
-import { forkWorkspace } from '../agents/fork-workspace.js';
-import { resolveModel } from '../agents/models.js';
-import type { AgentEvent, Harness, RunOutcome } from '../agents/types.js';
+import { harnessFor } from '../agents/registry.js';
+import type { AgentEvent, Harness } from '../agents/types.js';
+import { LocalCodeHost } from '../codehost/local.js';
 import { parseAgentId, type AgentId } from '../domain/agents.js';
 import { priceOf } from '../domain/pricing.js';
-import type { Effort, TaskMode } from '../protocol/rest.js';
-import { ForkManager } from '../sandbox/fork.js';
 import { creditBalance, recordUsage } from '../store/credits.js';
 import type { Database } from '../store/db.js';
 import { appendEvents, EVENTS_CHANNEL } from '../store/journal.js';
 import { tasks } from '../store/schema.js';
-import { insertMessage, listMessages, type JobRow } from '../store/tasks.js';
+import { insertMessage, type JobRow } from '../store/tasks.js';
+import { JobRun, type JobRunDeps, type StartDevServers, type TaskForks } from './job-run.js';
 import { finishJob, StaleGenerationError, type JobResult } from './jobs.js';
 import { claimNextJob, failExpiredLeases, JOBS_CHANNEL, renewLease } from './queue.js';
 
@@ -36,14 +32,18 @@ export interface ExecutorOptions {
   leaseMs: number;
   /** Fallback wake-up for notifications missed while a LISTEN connection was down. */
   pollMs: number;
-  allowUnsandboxed: boolean;
+  /** The address people reach the service at: task and pull request links. */
+  publicUrl: string;
+  /** The task forks (the fork lifecycle). */
+  forks: TaskForks;
+  startDevServers?: StartDevServers;
   /** Where model keys and base URLs come from (process.env by default). */
   modelEnv?: NodeJS.ProcessEnv;
   logger: Logger;
 }
 
 export class Executor {
-  private readonly forks: ForkManager;
+  private readonly codeHost: LocalCodeHost;
   private stopped = false;
   private wake: (() => void) | null = null;
   private readonly unlisten: Array<() => Promise<void>> = [];
@@ -51,11 +51,7 @@ export class Executor {
   private readonly running = new Map<string, { job: JobRow; controller: AbortController }>();
 
   constructor(private readonly options: ExecutorOptions) {
-    this.forks = new ForkManager(
-      join(options.dataDir, 'forks'),
-      { hiddenPaths: [options.dataDir], allowUnsandboxed: options.allowUnsandboxed },
-      (message) => options.logger.info(message),
-    );
+    this.codeHost = new LocalCodeHost(options.dataDir);
   }
 
   async start(): Promise<void> {
@@ -173,73 +169,19 @@ export class Executor {
     }
     let harness: Harness;
     try {
-      const model = resolveModel(parsed, this.options.modelEnv ?? process.env);
-      harness = new BuiltinHarness({ model: () => model });
+      harness = harnessFor(parsed, this.options.modelEnv ?? process.env);
     } catch (error) {
       return { status: 'FAILED', error: (error as Error).message };
     }
-
-    const environment = join(this.options.dataDir, 'environments', job.workspaceId);
-    await mkdir(environment, { recursive: true });
-    const fork = await this.forks.create(`job-${job.id}-${job.generation}`, environment);
-    const mode = modeOfJob(job.type, task.mode as TaskMode);
-    // Read-only runs leave nothing worth keeping. A changing run's fork holds its work, which must outlive
-    // the job: until the fork lifecycle and pull requests exist (issue 3), it is kept where the log says.
-    const keepFork = mode !== 'ask' && mode !== 'plan';
-    try {
-      const thread = await listMessages(db, task.id);
-      const history = thread
-        .filter((message) => message.id !== job.messageId)
-        .map((message) => ({ role: message.role === 'agent' ? ('assistant' as const) : ('user' as const), content: message.body }));
-      const outcome = await harness.run(
-        {
-          input: job.input ?? '',
-          history,
-          mode,
-          agent: parsed,
-          effort: (job.effort ?? task.effort) as Effort,
-          instructions: job.instructions,
-          workspace: forkWorkspace(fork, { network: false, signal }),
-          signal,
-        },
-        emit,
-      );
-      return resultOf(outcome);
-    } finally {
-      if (keepFork) this.options.logger.info({ jobId: job.id, fork: fork.info.dir }, 'fork kept with the job\'s changes');
-      else await this.forks.remove(fork);
-    }
+    const deps: JobRunDeps = {
+      db,
+      dataDir: this.options.dataDir,
+      publicUrl: this.options.publicUrl,
+      forks: this.options.forks,
+      codeHost: this.codeHost,
+      logger: this.options.logger.child({ jobId: job.id }),
+      ...(this.options.startDevServers ? { startDevServers: this.options.startDevServers } : {}),
+    };
+    return new JobRun(deps, { job, task, agent: parsed, harness, emit, signal }).execute();
   }
 }
-
-function modeOfJob(type: string, taskMode: TaskMode): TaskMode {
-  switch (type) {
-    case 'PLAN':
-      return 'plan';
-    case 'ASK':
-      return 'ask';
-    case 'GOAL':
-      return 'goal';
-    case 'DEV_ENVIRONMENT':
-      return 'dev_env';
-    case 'SWE':
-    case 'IMPLEMENT_PLAN':
-      return 'agent';
-    default:
-      return taskMode;
-  }
-}
-
-function resultOf(outcome: RunOutcome): JobResult {
-  switch (outcome.status) {
-    case 'completed':
-      return { status: 'COMPLETED', finalAnswer: outcome.answer };
-    case 'question':
-      return { status: 'COMPLETED', finalAnswer: outcome.question, awaitingInput: true };
-    case 'plan':
-      return { status: 'COMPLETED', plan: outcome.plan, planOutcome: 'READY' };
-    case 'failed':
-      return { status: 'FAILED', error: outcome.error };
-  }
-}
-

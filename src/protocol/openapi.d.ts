@@ -175,6 +175,108 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/repos": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** List the repositories connected to the workspace (`svc admin repo add`) */
+        get: operations["listRepositories"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/pulls": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** List the workspace's pull requests, newest first */
+        get: operations["listPullRequests"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/repos/{owner}/{repo}/pulls": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** List a repository's pull requests, newest first */
+        get: operations["listRepositoryPullRequests"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/repos/{owner}/{repo}/pulls/{number}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Fetch a pull request with its proof and diff */
+        get: operations["getPullRequest"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/repos/{owner}/{repo}/pulls/{number}/merge": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Merge an open pull request into its base branch; completes its task if it waits for review */
+        post: operations["mergePullRequest"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/repos/{owner}/{repo}/pulls/{number}/close": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Close an open pull request without merging it */
+        post: operations["closePullRequest"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -187,6 +289,16 @@ export interface components {
         CancelTaskResponse: {
             task: components["schemas"]["Task"];
             cancelledJobs: components["schemas"]["Job"][];
+        };
+        CheckProof: {
+            name: string;
+            command: string;
+            passed: boolean;
+            exitCode: number | null;
+            timedOut: boolean;
+            durationMs: number;
+            /** @description The last lines of its output */
+            outputTail: string;
         };
         CreateTaskBody: {
             /** @description The prompt; may start with `/trigger` to select a routing config */
@@ -251,6 +363,14 @@ export interface components {
             /** @description Cursor for the page of older jobs; null when none remain */
             nextCursor: string | null;
         };
+        /** @description Pull requests, newest first */
+        ListPullRequestsResponse: {
+            pullRequests: components["schemas"]["PullRequestDetail"][];
+        };
+        /** @description The repositories connected to the workspace */
+        ListRepositoriesResponse: {
+            repositories: components["schemas"]["Repository"][];
+        };
         /** @description Every routing config of the workspace by name, `default` included */
         ListRoutingConfigsResponse: {
             routingConfigs: components["schemas"]["RoutingConfig"][];
@@ -270,12 +390,57 @@ export interface components {
             /** @enum {string} */
             state: "open" | "merged" | "closed";
         };
+        PullRequestDetail: {
+            repoFullName: string;
+            prNumber: number;
+            prUrl: string;
+            title: string;
+            /** @enum {string} */
+            state: "open" | "merged" | "closed";
+            /** Format: uuid */
+            taskId: string;
+            /** @description Markdown: what changed and the proof */
+            body: string | null;
+            headBranch: string | null;
+            baseBranch: string | null;
+            headSha: string | null;
+            baseSha: string | null;
+            /** @description The checks that ran on the head commit */
+            checks: components["schemas"]["CheckProof"][];
+            /** Format: date-time */
+            createdAt: string;
+            /** Format: date-time */
+            updatedAt: string;
+            /** Format: date-time */
+            mergedAt: string | null;
+            /** Format: date-time */
+            closedAt: string | null;
+        };
+        /** @description The pull request as stored */
+        PullRequestResponse: {
+            pullRequest: components["schemas"]["PullRequestDetail"];
+        };
+        /** @description The pull request and its diff */
+        PullRequestWithDiffResponse: {
+            pullRequest: components["schemas"]["PullRequestDetail"];
+            /** @description Unified diff of the head against its base */
+            diff: string;
+        };
         PutRoutingConfigBody: {
             mode: components["schemas"]["RoutingMode"];
             /** @description Complete `<provider>/<model>` id, e.g. `anthropic/claude-sonnet-4-5`; a provider alone is rejected */
             agent: string;
             effort: components["schemas"]["Effort"];
             instructions?: string | null;
+        };
+        Repository: {
+            /** @description `owner/repo`; `svc/environment` is the environment's own repository */
+            fullName: string;
+            /** @description Its directory in the workspace environment (`.` for the environment repository) */
+            dir: string;
+            defaultBranch: string;
+            /** Format: date-time */
+            createdAt: string;
         };
         RoutingConfig: {
             name: string;
@@ -1416,6 +1581,489 @@ export interface operations {
             };
             /** @description `not_found`: the task ("Task not found") or routing config ("Routing config not found") named in the path does not exist in the key's workspace */
             404: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description `rate_limited` "Rate limit exceeded. Max 100 requests per minute." (or "… Max 1000 requests per hour."): over the limit of this key; `Retry-After` says when to try again, `details` is `{ window, limit, retryAfterSeconds }` */
+            429: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    "Retry-After": components["headers"]["RetryAfter"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description `internal_error` "Server error": server failure; the details are only in the server log */
+            500: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    listRepositories: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The repositories connected to the workspace */
+            200: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ListRepositoriesResponse"];
+                };
+            };
+            /** @description `validation_error`: the body (or its JSON), query, path or headers are invalid, e.g. "Invalid request body", "Invalid query parameters", "Invalid path parameters"; `details.issues` lists `{ field, message }` */
+            400: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description `unauthorized` "Invalid or missing API key": no key, another scheme than Bearer, or a malformed, unknown, expired or revoked key */
+            401: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description `rate_limited` "Rate limit exceeded. Max 100 requests per minute." (or "… Max 1000 requests per hour."): over the limit of this key; `Retry-After` says when to try again, `details` is `{ window, limit, retryAfterSeconds }` */
+            429: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    "Retry-After": components["headers"]["RetryAfter"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description `internal_error` "Server error": server failure; the details are only in the server log */
+            500: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    listPullRequests: {
+        parameters: {
+            query?: {
+                state?: "open" | "merged" | "closed";
+                limit?: number;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Pull requests, newest first */
+            200: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ListPullRequestsResponse"];
+                };
+            };
+            /** @description `validation_error`: the body (or its JSON), query, path or headers are invalid, e.g. "Invalid request body", "Invalid query parameters", "Invalid path parameters"; `details.issues` lists `{ field, message }` */
+            400: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description `unauthorized` "Invalid or missing API key": no key, another scheme than Bearer, or a malformed, unknown, expired or revoked key */
+            401: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description `rate_limited` "Rate limit exceeded. Max 100 requests per minute." (or "… Max 1000 requests per hour."): over the limit of this key; `Retry-After` says when to try again, `details` is `{ window, limit, retryAfterSeconds }` */
+            429: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    "Retry-After": components["headers"]["RetryAfter"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description `internal_error` "Server error": server failure; the details are only in the server log */
+            500: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    listRepositoryPullRequests: {
+        parameters: {
+            query?: {
+                state?: "open" | "merged" | "closed";
+                limit?: number;
+            };
+            header?: never;
+            path: {
+                owner: string;
+                repo: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Pull requests, newest first */
+            200: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ListPullRequestsResponse"];
+                };
+            };
+            /** @description `validation_error`: the body (or its JSON), query, path or headers are invalid, e.g. "Invalid request body", "Invalid query parameters", "Invalid path parameters"; `details.issues` lists `{ field, message }` */
+            400: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description `unauthorized` "Invalid or missing API key": no key, another scheme than Bearer, or a malformed, unknown, expired or revoked key */
+            401: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description `rate_limited` "Rate limit exceeded. Max 100 requests per minute." (or "… Max 1000 requests per hour."): over the limit of this key; `Retry-After` says when to try again, `details` is `{ window, limit, retryAfterSeconds }` */
+            429: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    "Retry-After": components["headers"]["RetryAfter"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description `internal_error` "Server error": server failure; the details are only in the server log */
+            500: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    getPullRequest: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                owner: string;
+                repo: string;
+                number: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The pull request and its diff */
+            200: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PullRequestWithDiffResponse"];
+                };
+            };
+            /** @description `validation_error`: the body (or its JSON), query, path or headers are invalid, e.g. "Invalid request body", "Invalid query parameters", "Invalid path parameters"; `details.issues` lists `{ field, message }` */
+            400: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description `unauthorized` "Invalid or missing API key": no key, another scheme than Bearer, or a malformed, unknown, expired or revoked key */
+            401: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description `not_found`: the task ("Task not found") or routing config ("Routing config not found") named in the path does not exist in the key's workspace */
+            404: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description `rate_limited` "Rate limit exceeded. Max 100 requests per minute." (or "… Max 1000 requests per hour."): over the limit of this key; `Retry-After` says when to try again, `details` is `{ window, limit, retryAfterSeconds }` */
+            429: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    "Retry-After": components["headers"]["RetryAfter"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description `internal_error` "Server error": server failure; the details are only in the server log */
+            500: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    mergePullRequest: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                owner: string;
+                repo: string;
+                number: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The pull request as stored */
+            200: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PullRequestResponse"];
+                };
+            };
+            /** @description `validation_error`: the body (or its JSON), query, path or headers are invalid, e.g. "Invalid request body", "Invalid query parameters", "Invalid path parameters"; `details.issues` lists `{ field, message }` */
+            400: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description `unauthorized` "Invalid or missing API key": no key, another scheme than Bearer, or a malformed, unknown, expired or revoked key */
+            401: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description `not_found`: the task ("Task not found") or routing config ("Routing config not found") named in the path does not exist in the key's workspace */
+            404: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description `conflict`: the task's status does not allow this action, or the `default` routing config would be deleted; the message says which */
+            409: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description `payload_too_large` "Request body is too large": over 1 MiB, or 36 MiB on the routes that take `files` */
+            413: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description `unsupported_media_type`: a body that is not `application/json` */
+            415: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description `rate_limited` "Rate limit exceeded. Max 100 requests per minute." (or "… Max 1000 requests per hour."): over the limit of this key; `Retry-After` says when to try again, `details` is `{ window, limit, retryAfterSeconds }` */
+            429: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    "Retry-After": components["headers"]["RetryAfter"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description `internal_error` "Server error": server failure; the details are only in the server log */
+            500: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    closePullRequest: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                owner: string;
+                repo: string;
+                number: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The pull request as stored */
+            200: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PullRequestResponse"];
+                };
+            };
+            /** @description `validation_error`: the body (or its JSON), query, path or headers are invalid, e.g. "Invalid request body", "Invalid query parameters", "Invalid path parameters"; `details.issues` lists `{ field, message }` */
+            400: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description `unauthorized` "Invalid or missing API key": no key, another scheme than Bearer, or a malformed, unknown, expired or revoked key */
+            401: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description `not_found`: the task ("Task not found") or routing config ("Routing config not found") named in the path does not exist in the key's workspace */
+            404: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description `conflict`: the task's status does not allow this action, or the `default` routing config would be deleted; the message says which */
+            409: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description `payload_too_large` "Request body is too large": over 1 MiB, or 36 MiB on the routes that take `files` */
+            413: {
+                headers: {
+                    "X-Request-Id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description `unsupported_media_type`: a body that is not `application/json` */
+            415: {
                 headers: {
                     "X-Request-Id": components["headers"]["RequestId"];
                     [name: string]: unknown;

@@ -241,3 +241,70 @@ export const ListRoutingConfigsResponse = z
 export const RoutingConfigResponse = z
   .object({ routingConfig: RoutingConfig })
   .meta({ id: 'RoutingConfigResponse', description: 'The routing config as stored' });
+
+export const Repository = z
+  .object({
+    fullName: z.string().describe('`owner/repo`; `svc/environment` is the environment\'s own repository'),
+    dir: z.string().describe('Its directory in the workspace environment (`.` for the environment repository)'),
+    defaultBranch: z.string(),
+    createdAt: DateTime,
+  })
+  .meta({ id: 'Repository' });
+export type Repository = z.infer<typeof Repository>;
+
+export const ListRepositoriesResponse = z
+  .object({ repositories: z.array(Repository) })
+  .meta({ id: 'ListRepositoriesResponse', description: 'The repositories connected to the workspace' });
+
+export const CheckProof = z
+  .object({
+    name: z.string(),
+    command: z.string(),
+    passed: z.boolean(),
+    exitCode: z.number().int().nullable(),
+    timedOut: z.boolean(),
+    durationMs: z.number().int(),
+    outputTail: z.string().describe('The last lines of its output'),
+  })
+  .meta({ id: 'CheckProof' });
+export type CheckProof = z.infer<typeof CheckProof>;
+
+export const PullRequestDetail = PullRequest.extend({
+  taskId: z.uuid(),
+  body: z.string().nullable().describe('Markdown: what changed and the proof'),
+  headBranch: z.string().nullable(),
+  baseBranch: z.string().nullable(),
+  headSha: z.string().nullable(),
+  baseSha: z.string().nullable(),
+  checks: z.array(CheckProof).describe('The checks that ran on the head commit'),
+  createdAt: DateTime,
+  updatedAt: DateTime,
+  mergedAt: DateTime.nullable(),
+  closedAt: DateTime.nullable(),
+}).meta({ id: 'PullRequestDetail' });
+export type PullRequestDetail = z.infer<typeof PullRequestDetail>;
+
+export const PullRequestParams = z.object({
+  owner: z.string().min(1).max(100),
+  repo: z.string().min(1).max(100),
+  number: z.coerce.number().int().min(1).max(2_147_483_647),
+});
+
+export const RepositoryParams = PullRequestParams.omit({ number: true });
+
+export const ListPullRequestsQuery = z.object({
+  state: PullRequestState.optional(),
+  limit: z.coerce.number().int().min(1).max(100).default(30),
+});
+
+export const ListPullRequestsResponse = z
+  .object({ pullRequests: z.array(PullRequestDetail) })
+  .meta({ id: 'ListPullRequestsResponse', description: 'Pull requests, newest first' });
+
+export const PullRequestResponse = z
+  .object({ pullRequest: PullRequestDetail })
+  .meta({ id: 'PullRequestResponse', description: 'The pull request as stored' });
+
+export const PullRequestWithDiffResponse = z
+  .object({ pullRequest: PullRequestDetail, diff: z.string().describe('Unified diff of the head against its base') })
+  .meta({ id: 'PullRequestWithDiffResponse', description: 'The pull request and its diff' });

@@ -22,6 +22,7 @@ import { logRoutes } from './rest/logs.js';
 import { routingRoutes } from './rest/routing.js';
 import { BODY_LIMIT_BYTES, edgeErrorResponses } from './rest/responses.js';
 import { taskRoutes } from './rest/tasks.js';
+import { pullRequestRoutes } from './rest/pull-requests.js';
 import { AppError, ValidationError } from '../domain/errors.js';
 
 export const API_PREFIX = '/api/v1';
@@ -30,6 +31,8 @@ export const API_VERSION = '1.0.0';
 export interface ServerOptions {
   database: Database;
   publicUrl: string;
+  /** Holds the code host's repositories and the workspace environments. */
+  dataDir: string;
   rateLimits: RateLimits;
   /** A pino logger; without one the server logs nothing (tests). */
   logger?: FastifyBaseLogger;
@@ -336,6 +339,7 @@ export async function buildServer(options: ServerOptions): Promise<FastifyInstan
         await secured.register(taskRoutes, deps);
         await secured.register(routingRoutes, deps);
         await secured.register(logRoutes, { db: options.database.db, hub });
+        await secured.register(pullRequestRoutes, { db: options.database.db, dataDir: options.dataDir });
       });
     },
     { prefix: API_PREFIX },

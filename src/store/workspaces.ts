@@ -47,3 +47,8 @@ export async function findWorkspaceByName(db: Db, name: string): Promise<Workspa
 export async function listWorkspaces(db: Db): Promise<Workspace[]> {
   return db.select().from(workspaces).orderBy(asc(workspaces.createdAt), asc(workspaces.name));
 }
+
+export async function findWorkspace(db: Db, id: string): Promise<Workspace | null> {
+  const [row] = await db.select().from(workspaces).where(eq(workspaces.id, id));
+  return row ?? null;
+}

@@ -1,3 +1,4 @@
+import { tmpdir } from 'node:os';
 import { describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { buildServer } from '../../src/server/app.js';
@@ -145,7 +146,7 @@ describe.each(testDrivers)('errors on %s', (driver) => {
 describe.each(testDrivers)('failures inside the server on %s', (driver) => {
   it('answers 500 internal_error "Server error" without a stack, and 503 from /readyz, when the database is gone', async () => {
     const testDb = await openTestDatabase(driver);
-    const app = await buildServer({ database: testDb.database, publicUrl: 'http://x', rateLimits: { perMinute: 100, perHour: 1000 } });
+    const app = await buildServer({ database: testDb.database, publicUrl: 'http://x', dataDir: tmpdir(), rateLimits: { perMinute: 100, perHour: 1000 } });
     app.get('/api/v1/explode', { schema: { response: { 200: z.object({ ok: z.boolean() }) } } }, async () => {
       throw new Error('secret internals at /srv/app.ts:12');
     });

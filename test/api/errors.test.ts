@@ -3,6 +3,7 @@
  * envelope with an `x-request-id`: unknown routes, wrong methods, malformed JSON, wrong content types, bodies
  * over the limit, every kind of bad credential, and server failures that must not leak.
  */
+import { tmpdir } from 'node:os';
 import { Writable } from 'node:stream';
 import type { InjectOptions, LightMyRequestResponse } from 'fastify';
 import pino from 'pino';
@@ -284,6 +285,7 @@ describe.each(testDrivers)('server failures on %s', (driver) => {
     const app = await buildServer({
       database: testDb.database,
       publicUrl: 'http://svc.test',
+      dataDir: tmpdir(),
       rateLimits: { perMinute: 1000, perHour: 10_000 },
       logger: pino({ level: 'info' }, sink),
     });

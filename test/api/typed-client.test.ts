@@ -4,6 +4,7 @@
  * or from the zod schemas breaks the build here; at run time every answer is also checked against the
  * document the server publishes (status, media type, headers, body).
  */
+import { tmpdir } from 'node:os';
 import createClient, { type Client, type Middleware } from 'openapi-fetch';
 import { afterAll, afterEach, beforeAll, describe, expect, expectTypeOf, it } from 'vitest';
 import type { z } from 'zod';
@@ -55,7 +56,7 @@ describe.each(testDrivers)('typed client over HTTP on %s', (driver) => {
 
   beforeAll(async () => {
     testDb = await openTestDatabase(driver);
-    app = await buildServer({ database: testDb.database, publicUrl: 'http://svc.test', rateLimits: { perMinute: 1000, perHour: 10000 } });
+    app = await buildServer({ database: testDb.database, publicUrl: 'http://svc.test', dataDir: tmpdir(), rateLimits: { perMinute: 1000, perHour: 10000 } });
     await app.listen({ port: 0, host: '127.0.0.1' });
     const address = app.server.address();
     if (!address || typeof address !== 'object') throw new Error('the server has no TCP address');

@@ -1,5 +1,9 @@
 /** An in-process API server on a real database, with helpers to make tenants (workspace + key). */
 import { randomBytes } from 'node:crypto';
+import { mkdtempSync } from 'node:fs';
+import { rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import type { FastifyInstance, InjectOptions, LightMyRequestResponse } from 'fastify';
 import { afterAll, beforeAll } from 'vitest';
 import { buildServer } from '../../src/server/app.js';
@@ -22,6 +26,8 @@ export interface Tenant {
 export interface TestApi {
   app: FastifyInstance;
   db: TestDatabase;
+  /** The server's data dir: code host repositories and workspace environments. */
+  dataDir: string;
   newTenant(options?: { plan?: 'free' | 'pro' | 'max' }): Promise<Tenant>;
   close(): Promise<void>;
 }
@@ -31,9 +37,11 @@ export async function startTestApi(
   options: { rateLimits?: RateLimits } = {},
 ): Promise<TestApi> {
   const db = await openTestDatabase(driver);
+  const dataDir = mkdtempSync(join(tmpdir(), 'svc-test-data-'));
   const app = await buildServer({
     database: db.database,
     publicUrl: TEST_PUBLIC_URL,
+    dataDir,
     // Generous by default so that suites are not throttled; rate-limit tests set their own.
     rateLimits: options.rateLimits ?? { perMinute: 100_000, perHour: 1_000_000 },
   });
@@ -41,6 +49,7 @@ export async function startTestApi(
   return {
     app,
     db,
+    dataDir,
     async newTenant(tenantOptions = {}) {
       const name = `ws-${randomBytes(5).toString('hex')}`;
       const workspace = await createWorkspace(db.database.db, { name, plan: tenantOptions.plan ?? 'free', defaultAgent: DEFAULT_AGENT });
@@ -58,6 +67,7 @@ export async function startTestApi(
     async close() {
       await app.close();
       await db.close();
+      await rm(dataDir, { recursive: true, force: true });
     },
   };
 }

@@ -61,9 +61,19 @@ const running = new Set<ChildProcess>();
 /** Starts `svc server` on a free port and resolves once it logs that it is listening. */
 export async function startSvcServer(args: string[], env: NodeJS.ProcessEnv = {}, timeoutMs = 60_000): Promise<ServerProcess> {
   const port = await freePort();
-  const child = spawn(process.execPath, [...SVC, 'server', '--port', String(port), '--host', '127.0.0.1', ...args], {
-    // No executor unless a test asks for one: jobs must never reach a real model from a test.
-    env: childEnv({ SVC_LOG_LEVEL: 'info', SVC_EXECUTOR_CONCURRENCY: '0', ...env }),
+  // No executor unless a test asks for one: jobs must never reach a real model from a test.
+  const child = await startSvcProcess(['server', '--port', String(port), '--host', '127.0.0.1', ...args], { SVC_EXECUTOR_CONCURRENCY: '0', ...env }, 'svc is listening', timeoutMs);
+  return { ...child, url: `http://127.0.0.1:${port}` };
+}
+
+/** Starts `svc worker` and resolves once it logs that it runs. */
+export function startSvcWorker(args: string[], env: NodeJS.ProcessEnv = {}, timeoutMs = 60_000): Promise<Omit<ServerProcess, 'url'>> {
+  return startSvcProcess(['worker', ...args], env, 'svc worker is running', timeoutMs);
+}
+
+async function startSvcProcess(argv: string[], env: NodeJS.ProcessEnv, readyMessage: string, timeoutMs: number): Promise<Omit<ServerProcess, 'url'>> {
+  const child = spawn(process.execPath, [...SVC, ...argv], {
+    env: childEnv({ SVC_LOG_LEVEL: 'info', ...env }),
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   running.add(child);
@@ -76,9 +86,9 @@ export async function startSvcServer(args: string[], env: NodeJS.ProcessEnv = {}
     resolve(code);
   }));
   await new Promise<void>((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`svc server did not start in ${timeoutMs} ms\n${stdout}\n${stderr}`)), timeoutMs);
+    const timer = setTimeout(() => reject(new Error(`svc ${argv[0]} did not start in ${timeoutMs} ms\n${stdout}\n${stderr}`)), timeoutMs);
     const check = () => {
-      if (stdout.includes('"svc is listening"')) {
+      if (stdout.includes(`"${readyMessage}"`)) {
         clearTimeout(timer);
         resolve();
       }
@@ -86,15 +96,14 @@ export async function startSvcServer(args: string[], env: NodeJS.ProcessEnv = {}
     child.stdout!.on('data', check);
     child.on('exit', (code) => {
       clearTimeout(timer);
-      reject(new Error(`svc server exited with ${code}\n${stdout}\n${stderr}`));
+      reject(new Error(`svc ${argv[0]} exited with ${code}\n${stdout}\n${stderr}`));
     });
   });
   return {
     child,
-    url: `http://127.0.0.1:${port}`,
     stdout: () => stdout,
     async stop(stopTimeoutMs = 15_000) {
-      if (child.exitCode !== null) return child.exitCode;
+      if (child.exitCode !== null || child.signalCode !== null) return child.exitCode;
       child.kill('SIGTERM');
       const timer = setTimeout(() => child.kill('SIGKILL'), stopTimeoutMs);
       const code = await exited;

@@ -2,6 +2,8 @@
 import type { Effort, Job, JobStatus, PullRequest, Task, TaskListItem, TaskMode, TaskStatus, JobType, PlanOutcome } from '../../protocol/rest.js';
 import type { JobRow, PullRequestRow, TaskListRow, TaskRow, TaskView } from '../../store/tasks.js';
 import type { RoutingConfigRow } from '../../store/routing.js';
+import type { RepositoryRow } from '../../store/repositories.js';
+import type { PullRequestDetail, Repository } from '../../protocol/rest.js';
 import type { RoutingConfig, RoutingMode } from '../../protocol/rest.js';
 import { DEFAULT_ROUTING_NAME } from '../../domain/routing.js';
 
@@ -66,4 +68,25 @@ export function presentRoutingConfig(row: RoutingConfigRow): RoutingConfig {
     createdAt: iso(row.createdAt),
     updatedAt: iso(row.updatedAt),
   };
+}
+
+export function presentPullRequestDetail(row: PullRequestRow): PullRequestDetail {
+  return {
+    ...presentPullRequest(row),
+    taskId: row.taskId,
+    body: row.body,
+    headBranch: row.headBranch,
+    baseBranch: row.baseBranch,
+    headSha: row.headSha,
+    baseSha: row.baseSha,
+    checks: row.checks ?? [],
+    createdAt: iso(row.createdAt),
+    updatedAt: iso(row.updatedAt),
+    mergedAt: isoOrNull(row.mergedAt),
+    closedAt: isoOrNull(row.closedAt),
+  };
+}
+
+export function presentRepository(row: RepositoryRow): Repository {
+  return { fullName: row.fullName, dir: row.dir, defaultBranch: row.defaultBranch, createdAt: iso(row.createdAt) };
 }

@@ -1,0 +1,118 @@
+/**
+ * The built-in code host: a bare git repository per connected repository in the data dir
+ * (`codehost/<workspace id>/<owner>/<repo>.git`). It is the origin of the environment's working copies;
+ * task branches arrive as git bundles written inside the sandbox (the sandbox never sees the code host),
+ * and pull requests are merged here by a person through the API, never automatically.
+ */
+import { existsSync } from 'node:fs';
+import { mkdir, rm } from 'node:fs/promises';
+import { dirname, join } from 'node:path';
+import { git, GitError, revParse, runGit } from './git.js';
+
+export const FULL_NAME = /^[A-Za-z0-9_.-]{1,100}\/[A-Za-z0-9_.-]{1,100}$/;
+
+export class MergeConflictError extends Error {
+  constructor(readonly files: string[]) {
+    super(`the branches conflict${files.length ? ` in ${files.join(', ')}` : ''}`);
+    this.name = 'MergeConflictError';
+  }
+}
+
+export class LocalCodeHost {
+  constructor(private readonly dataDir: string) {}
+
+  repositoryPath(workspaceId: string, fullName: string): string {
+    if (!FULL_NAME.test(fullName) || fullName.split('/').some((part) => part === '.' || part === '..')) {
+      throw new Error(`"${fullName}" is not an owner/repo name`);
+    }
+    return join(this.dataDir, 'codehost', workspaceId, `${fullName}.git`);
+  }
+
+  /** Creates the bare repository from a git URL or path; answers its default branch. */
+  async importRepository(workspaceId: string, fullName: string, source: string): Promise<{ path: string; defaultBranch: string }> {
+    const path = this.repositoryPath(workspaceId, fullName);
+    if (existsSync(path)) throw new Error(`the code host already has ${fullName}`);
+    await mkdir(dirname(path), { recursive: true });
+    try {
+      await git(['clone', '--quiet', '--bare', '--', source, path]);
+      const head = (await git(['symbolic-ref', '--short', 'HEAD'], { cwd: path })).trim();
+      if (!(await revParse(path, head))) throw new Error(`${source} has no commits on its default branch ${head}`);
+      // A bare clone keeps the source as `origin`; the code host is the origin from now on.
+      await git(['remote', 'remove', 'origin'], { cwd: path }).catch(() => undefined);
+      return { path, defaultBranch: head };
+    } catch (error) {
+      await rm(path, { recursive: true, force: true });
+      throw error;
+    }
+  }
+
+  async removeRepository(workspaceId: string, fullName: string): Promise<void> {
+    await rm(this.repositoryPath(workspaceId, fullName), { recursive: true, force: true });
+  }
+
+  async resolve(workspaceId: string, fullName: string, ref: string): Promise<string | null> {
+    return revParse(this.repositoryPath(workspaceId, fullName), ref);
+  }
+
+  /**
+   * Stores a branch from a bundle written in a sandbox (`git bundle create … HEAD ^base`). The bundle is
+   * data: git verifies it and reads only objects and the `HEAD` ref from it. Answers the branch's commit,
+   * which must be `expectedHead` (what the sandbox said it bundled).
+   */
+  async receiveBranch(workspaceId: string, fullName: string, bundle: string, branch: string, expectedHead: string): Promise<string> {
+    const path = this.repositoryPath(workspaceId, fullName);
+    await git(['bundle', 'verify', '--quiet', bundle], { cwd: path });
+    await git(['fetch', '--quiet', '--no-tags', bundle, `+HEAD:refs/heads/${branch}`], { cwd: path });
+    const head = await revParse(path, `refs/heads/${branch}`);
+    if (head !== expectedHead) throw new Error(`the bundle of ${fullName} holds ${head ?? 'nothing'}, not ${expectedHead}`);
+    return head;
+  }
+
+  /** Writes a bundle of `branch` (from `base`) for a fresh fork to continue a task's earlier work. */
+  async bundleBranch(workspaceId: string, fullName: string, branch: string, base: string, out: string): Promise<string | null> {
+    const path = this.repositoryPath(workspaceId, fullName);
+    const head = await revParse(path, `refs/heads/${branch}`);
+    if (!head) return null;
+    if (head === base) return null;
+    await git(['bundle', 'create', '--quiet', out, `refs/heads/${branch}`, `^${base}`], { cwd: path });
+    return head;
+  }
+
+  /** The unified diff a pull request shows: what `head` adds since it left `base`. */
+  async diff(workspaceId: string, fullName: string, base: string, head: string): Promise<string> {
+    const path = this.repositoryPath(workspaceId, fullName);
+    return git(['diff', '--no-color', '--no-ext-diff', `${base}...${head}`], { cwd: path });
+  }
+
+  /** Changed files with added and removed line counts, for the pull request's summary. */
+  async diffStat(workspaceId: string, fullName: string, base: string, head: string): Promise<Array<{ file: string; added: number; removed: number }>> {
+    const path = this.repositoryPath(workspaceId, fullName);
+    const text = await git(['diff', '--numstat', '--no-color', `${base}...${head}`], { cwd: path });
+    return text
+      .split('\n')
+      .filter(Boolean)
+      .map((line) => {
+        const [added, removed, ...file] = line.split('\t');
+        return { file: file.join('\t'), added: Number(added) || 0, removed: Number(removed) || 0 };
+      });
+  }
+
+  /**
+   * Merges `headBranch` into `baseBranch` with a merge commit, in the bare repository (no working tree):
+   * `git merge-tree` computes the result, and the base ref moves only if nobody moved it meanwhile.
+   */
+  async merge(workspaceId: string, fullName: string, baseBranch: string, headBranch: string, message: string): Promise<string> {
+    const path = this.repositoryPath(workspaceId, fullName);
+    const base = await revParse(path, `refs/heads/${baseBranch}`);
+    const head = await revParse(path, `refs/heads/${headBranch}`);
+    if (!base || !head) throw new Error(`branch ${base ? headBranch : baseBranch} does not exist in ${fullName}`);
+    const merged = await runGit(['merge-tree', '--write-tree', '--name-only', '--no-messages', base, head], { cwd: path });
+    // Exit 1: a conflict; the output is the tree, then the conflicted files.
+    if (merged.code === 1) throw new MergeConflictError(merged.stdout.split('\n').slice(1).map((line) => line.trim()).filter(Boolean));
+    if (merged.code !== 0) throw new GitError(['merge-tree'], merged.stderr);
+    const tree = merged.stdout.split('\n')[0]!.trim();
+    const commit = (await git(['commit-tree', tree, '-p', base, '-p', head, '-m', message], { cwd: path })).trim();
+    await git(['update-ref', `refs/heads/${baseBranch}`, commit, base], { cwd: path });
+    return commit;
+  }
+}

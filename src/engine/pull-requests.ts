@@ -1,0 +1,96 @@
+/**
+ * Pull requests on the built-in code host, as people see them through the API: list, read with the
+ * diff, merge, close. Merging is always a person's act; it completes the task (SPEC.md "States and
+ * transitions": a linked pull request merged → the task becomes Completed) and brings the environment's
+ * working copy up to date, so later forks start from the merged code.
+ */
+import { LocalCodeHost, MergeConflictError } from '../codehost/local.js';
+import { git } from '../codehost/git.js';
+import { ConflictError, NotFoundError } from '../domain/errors.js';
+import { environmentDir } from '../sandbox/environment.js';
+import type { Db } from '../store/db.js';
+import { findPullRequest, listPullRequests, setPullRequestState } from '../store/pull-requests.js';
+import { findRepository, listRepositories, type RepositoryRow } from '../store/repositories.js';
+import { updateTask, type PullRequestRow } from '../store/tasks.js';
+import { join } from 'node:path';
+import type { Caller } from './tasks.js';
+
+export interface PullRequestDeps {
+  db: Db;
+  dataDir: string;
+}
+
+const pullRequestNotFound = (): NotFoundError => new NotFoundError('Pull request not found');
+
+export async function listWorkspaceRepositories(db: Db, caller: Caller): Promise<RepositoryRow[]> {
+  return listRepositories(db, caller.workspaceId);
+}
+
+export async function listWorkspacePullRequests(
+  db: Db,
+  caller: Caller,
+  filter: { repository?: string; state?: 'open' | 'merged' | 'closed'; limit: number },
+): Promise<PullRequestRow[]> {
+  return listPullRequests(db, caller.workspaceId, { limit: filter.limit, ...(filter.repository ? { fullName: filter.repository } : {}), ...(filter.state ? { state: filter.state } : {}) });
+}
+
+export async function getPullRequest(deps: PullRequestDeps, caller: Caller, fullName: string, number: number): Promise<{ pullRequest: PullRequestRow; diff: string }> {
+  const pullRequest = await findPullRequest(deps.db, caller.workspaceId, fullName, number);
+  if (!pullRequest) throw pullRequestNotFound();
+  const host = new LocalCodeHost(deps.dataDir);
+  const diff = pullRequest.baseSha && pullRequest.headSha ? await host.diff(caller.workspaceId, fullName, pullRequest.baseSha, pullRequest.headSha).catch(() => '') : '';
+  return { pullRequest, diff };
+}
+
+/**
+ * Merges an open pull request into its base branch. The row is locked while the code host merges, so two
+ * merges (or a merge and a close) of one pull request cannot both happen.
+ */
+export async function mergePullRequest(deps: PullRequestDeps, caller: Caller, fullName: string, number: number): Promise<PullRequestRow> {
+  const merged = await deps.db.transaction(async (tx) => {
+    const pullRequest = await findPullRequest(tx, caller.workspaceId, fullName, number, true);
+    if (!pullRequest) throw pullRequestNotFound();
+    if (pullRequest.state !== 'open') throw new ConflictError(`Pull request is ${pullRequest.state}`, { state: pullRequest.state });
+    if (!pullRequest.headBranch || !pullRequest.baseBranch) throw new ConflictError('Pull request has no branches to merge');
+    const host = new LocalCodeHost(deps.dataDir);
+    const head = await host.resolve(caller.workspaceId, fullName, `refs/heads/${pullRequest.headBranch}`);
+    if (head !== pullRequest.headSha) throw new ConflictError('The branch moved since the pull request was last updated; reload it', { headSha: head });
+    try {
+      await host.merge(caller.workspaceId, fullName, pullRequest.baseBranch, pullRequest.headBranch, `Merge pull request #${number}: ${pullRequest.title}`);
+    } catch (error) {
+      if (error instanceof MergeConflictError) throw new ConflictError(`Pull request cannot be merged: ${error.message}`, { files: error.files });
+      throw error;
+    }
+    const row = (await setPullRequestState(tx, pullRequest.id, 'merged'))!;
+    // A task waiting for review is done; one that is running again (a follow-up) goes on.
+    await updateTask(tx, pullRequest.taskId, { status: 'COMPLETED' }, ['IN_REVIEW']);
+    return row;
+  });
+  await refreshWorkingCopy(deps, caller.workspaceId, fullName);
+  return merged;
+}
+
+export async function closePullRequest(deps: PullRequestDeps, caller: Caller, fullName: string, number: number): Promise<PullRequestRow> {
+  return deps.db.transaction(async (tx) => {
+    const pullRequest = await findPullRequest(tx, caller.workspaceId, fullName, number, true);
+    if (!pullRequest) throw pullRequestNotFound();
+    if (pullRequest.state !== 'open') throw new ConflictError(`Pull request is ${pullRequest.state}`, { state: pullRequest.state });
+    return (await setPullRequestState(tx, pullRequest.id, 'closed'))!;
+  });
+}
+
+/**
+ * Fast-forwards the environment's working copy of the repository to its merged default branch. A working
+ * copy that cannot fast-forward (an operator's local commits) is left as it is.
+ */
+async function refreshWorkingCopy(deps: PullRequestDeps, workspaceId: string, fullName: string): Promise<void> {
+  const repository = await findRepository(deps.db, workspaceId, fullName);
+  if (!repository) return;
+  const workingCopy = join(environmentDir(deps.dataDir, workspaceId), repository.dir);
+  try {
+    await git(['fetch', '--quiet', 'origin'], { cwd: workingCopy });
+    await git(['merge', '--quiet', '--ff-only', `origin/${repository.defaultBranch}`], { cwd: workingCopy });
+  } catch {
+    // The merge is done on the code host either way; the next `dev_env` run or operator can update it.
+  }
+}
