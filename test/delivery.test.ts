@@ -5,7 +5,7 @@
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { environmentDir } from '../src/sandbox/environment.js';
+import { environmentDir, readEnvironmentConfig } from '../src/sandbox/environment.js';
 import { testDrivers } from './support/db.js';
 import { journal, useTestEngine, type TestEngine } from './support/engine.js';
 import { gitIn, sampleRepository } from './support/repos.js';
@@ -191,5 +191,38 @@ describe.each(testDrivers)('delivery on %s', (driver) => {
     expect(updated.headSha).not.toBe(opened.headSha);
     expect(diff).toContain('+# chat');
     expect(diff).toContain('+hello');
+  });
+
+  it("keeps the agent's edits to the environment config out of its own verification, and delivers commits it made before a question", async () => {
+    await engine.connect(sampleRepository('tamper'), 'acme/tamper');
+    const config = JSON.stringify({ network: true, repositories: [{ name: 'acme/tamper', dir: 'tamper', checks: [{ name: 'test', command: 'true' }] }] });
+    engine.script.push(
+      { toolCalls: [{ name: 'write_file', arguments: { path: '.svc/environment.json', content: config } }] },
+      { toolCalls: [{ name: 'run_command', arguments: { command: 'cd tamper && echo hullo > greeting.txt && git -c user.name=a -c user.email=a@a commit -qam wip' } }] },
+      { toolCalls: [{ name: 'ask_user', arguments: { question: 'Is hullo fine?' } }] },
+    );
+    const task = await create({ command: 'Change the greeting' });
+    expect((await engine.settled(task.id)).task.status).toBe('AWAITING_INPUT');
+
+    // A read-only question in between sees the work and leaves the task's fork as it is.
+    engine.script.push({ toolCalls: [{ name: 'read_file', arguments: { path: 'tamper/greeting.txt' } }] }, { toolCalls: [{ name: 'finish', arguments: { summary: 'It says hullo.' } }] });
+    await engine.tenant.request('POST', `/api/v1/tasks/${task.id}/messages`, { message: 'What does it say now?', userIntent: 'ASK' });
+    expect((await engine.settled(task.id)).latestJob).toMatchObject({ status: 'COMPLETED', finalAnswer: 'It says hullo.' });
+
+    for (let i = 0; i < 3; i++) engine.script.push({ toolCalls: [{ name: 'finish', arguments: { summary: 'Done.' } }] });
+    await engine.tenant.request('POST', `/api/v1/tasks/${task.id}/messages`, { message: 'Yes, ship it' });
+    const done = await engine.settled(task.id);
+    expect(done.task.status).toBe('IN_REVIEW');
+    // The proof is the environment's own check (npm test, which fails on hullo), not the agent's `true`.
+    const { pullRequest, diff } = await get('/api/v1/repos/acme/tamper/pulls/1');
+    expect(pullRequest.checks).toEqual([expect.objectContaining({ command: 'npm test', passed: false })]);
+    expect(pullRequest.body).toContain('| test | `npm test` | failed (exit 1) |');
+    // The commit made before the question, never pushed until now, is in the pull request.
+    expect(diff).toContain('+hullo');
+    // The config change itself is up for review on the environment's repository, not applied.
+    const environmentPr = await get('/api/v1/repos/svc/environment/pulls/1');
+    expect(environmentPr.diff).toContain('"command":"true"');
+    const { repositories } = await readEnvironmentConfig(environmentDir(engine.api.dataDir, engine.tenant.workspace.id));
+    expect(repositories.find((repository) => repository.dir === 'tamper')!.checks).toEqual([{ name: 'test', command: 'npm test', timeoutSeconds: 600 }]);
   });
 });

@@ -68,6 +68,20 @@ export class LocalCodeHost {
     return head;
   }
 
+  /**
+   * Commits this repository has, for a fork to tell what is new: the last `depth` commits of each branch
+   * named (first parents), newest first. Branches that do not exist are skipped.
+   */
+  async knownCommits(workspaceId: string, fullName: string, branches: readonly string[], depth = 50): Promise<string[]> {
+    const path = this.repositoryPath(workspaceId, fullName);
+    const known: string[] = [];
+    for (const branch of branches) {
+      const result = await runGit(['rev-list', '--first-parent', `--max-count=${depth}`, `refs/heads/${branch}`, '--'], { cwd: path });
+      if (result.code === 0) known.push(...result.stdout.split('\n').filter(Boolean));
+    }
+    return [...new Set(known)];
+  }
+
   /** Writes a bundle of `branch` (from `base`) for a fresh fork to continue a task's earlier work. */
   async bundleBranch(workspaceId: string, fullName: string, branch: string, base: string, out: string): Promise<string | null> {
     const path = this.repositoryPath(workspaceId, fullName);

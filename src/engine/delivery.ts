@@ -6,7 +6,9 @@
  * Everything that runs repository code or reads the agent's git config happens inside the sandbox; the
  * host only reads bundles (data, copied out without following links) into repositories it owns.
  */
-import { constants } from 'node:fs';
+import { constants, createWriteStream } from 'node:fs';
+import { Transform } from 'node:stream';
+import { pipeline } from 'node:stream/promises';
 import { copyFile, mkdir, mkdtemp, open, realpath, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -23,8 +25,28 @@ const TAIL_CHARS = 4_000;
 export interface RepositoryState {
   dir: string;
   head: string;
+  /** The working tree has uncommitted changes. */
   dirty: boolean;
+  /** Commits HEAD has that none of the repository's known commits reaches. */
+  ahead: number;
 }
+
+/** A repository of the fork and commits the code host has (its default branch's recent history, the task's branch). */
+export interface RepositoryTarget {
+  dir: string;
+  known: readonly string[];
+}
+
+const SHA = /^[0-9a-f]{40}$/;
+
+/** `dir:sha,sha`: one argument per repository for the scripts below (dirs and shas hold no `:` or `,`). */
+const targetArgument = (target: RepositoryTarget): string => `${target.dir}:${target.known.filter((sha) => SHA.test(sha)).join(',')}`;
+
+/**
+ * Shell that sets `$nots` to the known commits (from `$shas`) that the repository has: the boundary of
+ * what is new. Only commits the code host has may bound a bundle, so the fork's own refs are not used.
+ */
+const KNOWN_IN_FORK = 'nots=""; for s in $(printf "%s" "$shas" | tr "," " "); do git cat-file -e "$s^{commit}" 2>/dev/null && nots="$nots $s"; done';
 
 function tail(text: string): string {
   const lines = text.trimEnd().split('\n').slice(-TAIL_LINES).join('\n');
@@ -37,17 +59,24 @@ async function checked(fork: Fork, argv: string[], options: { signal?: AbortSign
   return result.stdout;
 }
 
-/** Each repository's HEAD and whether its working tree has changes, as the fork sees them. */
-export async function inspectRepositories(fork: Fork, dirs: readonly string[], signal?: AbortSignal): Promise<RepositoryState[]> {
-  if (dirs.length === 0) return [];
-  const script = 'for d in "$@"; do cd "/workspace/$d" && printf "%s\\t%s\\t%s\\n" "$d" "$(git rev-parse HEAD)" "$(git status --porcelain | head -n 1)"; done';
-  const out = await checked(fork, ['sh', '-c', script, 'sh', ...dirs], signal ? { signal } : {});
+/** Each repository's HEAD, whether its tree has changes, and how far it is ahead of what the code host has. */
+export async function inspectRepositories(fork: Fork, targets: readonly RepositoryTarget[], signal?: AbortSignal): Promise<RepositoryState[]> {
+  if (targets.length === 0) return [];
+  const script = [
+    'for t in "$@"; do',
+    '  d=${t%%:*}; shas=${t#*:}',
+    '  cd "/workspace/$d" 2>/dev/null && git rev-parse -q --verify HEAD >/dev/null || continue',
+    `  ${KNOWN_IN_FORK}`,
+    '  printf "%s\\t%s\\t%s\\t%s\\n" "$d" "$(git rev-parse HEAD)" "$(git status --porcelain | head -n 1)" "$(git rev-list --count HEAD --not $nots)"',
+    'done',
+  ].join('\n');
+  const out = await checked(fork, ['sh', '-c', script, 'sh', ...targets.map(targetArgument)], signal ? { signal } : {});
   return out
     .split('\n')
     .filter(Boolean)
     .map((line) => {
-      const [dir, head, change] = line.split('\t');
-      return { dir: dir!, head: head!, dirty: Boolean(change) };
+      const [dir, head, change, ahead] = line.split('\t');
+      return { dir: dir!, head: head!, dirty: Boolean(change), ahead: Number(ahead) || 0 };
     });
 }
 
@@ -82,31 +111,36 @@ export async function runChecks(
 }
 
 /**
- * Commits the repository's changes inside the sandbox and bundles what its HEAD adds since `since`.
- * Answers the new head and a host path to the bundle (a private copy), or null when nothing changed.
+ * Commits the repository's changes inside the sandbox and bundles what its HEAD adds to the commits the
+ * code host has (`known`). Answers the new head and a host path to the bundle (a private copy), or null
+ * when there is nothing new.
  */
 export async function commitAndBundle(
   fork: Fork,
-  input: { dir: string; since: string; message: string; bundleName: string; signal?: AbortSignal },
+  input: RepositoryTarget & { message: string; bundleName: string; signal?: AbortSignal },
 ): Promise<{ head: string; bundle: string } | null> {
   const script = [
     'set -e',
-    'cd "/workspace/$1"',
+    't=$1; d=${t%%:*}; shas=${t#*:}',
+    'cd "/workspace/$d"',
     'git add -A',
     'if ! git diff --cached --quiet; then',
-    '  git -c user.name=svc -c user.email=svc@localhost -c commit.gpgsign=false -c core.hooksPath=/dev/null commit --quiet --no-verify -m "$3"',
+    '  git -c user.name=svc -c user.email=svc@localhost -c commit.gpgsign=false -c core.hooksPath=/dev/null commit --quiet --no-verify -m "$2"',
     'fi',
-    'head=$(git rev-parse HEAD)',
-    'if [ "$head" = "$2" ]; then echo unchanged; exit 0; fi',
+    KNOWN_IN_FORK,
+    'if [ "$(git rev-list --count HEAD --not $nots)" = 0 ]; then echo unchanged; exit 0; fi',
     `mkdir -p "/workspace/${TRANSFER_DIR}"`,
-    `git bundle create --quiet "/workspace/${TRANSFER_DIR}/$4" HEAD "^$2"`,
-    'echo "head $head"',
+    `git bundle create --quiet "/workspace/${TRANSFER_DIR}/$3" HEAD --not $nots`,
+    'echo "head $(git rev-parse HEAD)"',
   ].join('\n');
-  const out = await checked(fork, ['sh', '-c', script, 'sh', input.dir, input.since, input.message, input.bundleName], input.signal ? { signal: input.signal } : {});
+  const out = await checked(fork, ['sh', '-c', script, 'sh', targetArgument(input), input.message, input.bundleName], input.signal ? { signal: input.signal } : {});
   const head = /^head ([0-9a-f]{40})$/m.exec(out)?.[1];
   if (!head) return null;
   return { head, bundle: await copyOut(fork, input.bundleName) };
 }
+
+/** The largest bundle a job may push: far above any reasonable change, far below a host's memory. */
+const MAX_BUNDLE_BYTES = 2 * 1024 ** 3;
 
 /**
  * Copies a file the sandbox wrote into the transfer dir to a private host path, refusing links: the
@@ -118,13 +152,17 @@ async function copyOut(fork: Fork, name: string): Promise<string> {
   const handle = await open(join(dir, name), constants.O_RDONLY | constants.O_NOFOLLOW);
   try {
     if (!(await handle.stat()).isFile()) throw new Error(`${TRANSFER_DIR}/${name} is not a file`);
+    if ((await handle.stat()).size > MAX_BUNDLE_BYTES) throw new Error(`the change's bundle is larger than ${MAX_BUNDLE_BYTES} bytes`);
     const target = join(await mkdtemp(join(tmpdir(), 'svc-bundle-')), name);
-    const out = await open(target, 'w', 0o600);
-    try {
-      await handle.readFile().then((data) => out.writeFile(data));
-    } finally {
-      await out.close();
-    }
+    // Streamed, and cut at the cap: the file may still grow while it is read.
+    let copied = 0;
+    const capped = new Transform({
+      transform(chunk: Buffer, _encoding, done) {
+        copied += chunk.length;
+        done(copied > MAX_BUNDLE_BYTES ? new Error(`the change's bundle is larger than ${MAX_BUNDLE_BYTES} bytes`) : null, chunk);
+      },
+    });
+    await pipeline(handle.createReadStream({ autoClose: false }), capped, createWriteStream(target, { mode: 0o600 }));
     return target;
   } finally {
     await handle.close();

@@ -12,17 +12,17 @@ import type { AgentEvent, Harness, RunManifest, RunOutcome } from '../agents/typ
 import type { LocalCodeHost } from '../codehost/local.js';
 import type { AgentId } from '../domain/agents.js';
 import type { Effort, TaskMode } from '../protocol/rest.js';
-import { CONFIG_FILE, parseEnvironmentConfig, type CheckSpec, type EnvironmentConfig } from '../sandbox/environment.js';
+import { parseEnvironmentConfig, readEnvironmentConfig, type CheckSpec, type EnvironmentConfig } from '../sandbox/environment.js';
 import type { Fork } from '../sandbox/fork.js';
 import { creditBalance } from '../store/credits.js';
 import type { Db } from '../store/db.js';
 import { recordPullRequestPush, taskPullRequests } from '../store/pull-requests.js';
 import { listRepositories, type RepositoryRow } from '../store/repositories.js';
 import type { CheckProof } from '../store/schema.js';
-import { listMessages, type JobRow, type TaskRow } from '../store/tasks.js';
+import { listMessages, type JobRow, type PullRequestRow, type TaskRow } from '../store/tasks.js';
 import { findWorkspace } from '../store/workspaces.js';
-import { clearTransfers, commitAndBundle, inspectRepositories, proofMarkdown, restoreBranch, runChecks, type RepositoryState } from './delivery.js';
-import type { JobResult } from './jobs.js';
+import { clearTransfers, commitAndBundle, inspectRepositories, proofMarkdown, restoreBranch, runChecks } from './delivery.js';
+import { assertJobHeld, type JobResult } from './jobs.js';
 import { ensureEnvironment } from './repositories.js';
 
 /** Where a task's forks come from: the fork lifecycle keeps one per task between its jobs. */
@@ -57,6 +57,24 @@ export const CHECK_FIX_ROUNDS = 2;
 export const GOAL_ITERATIONS: Record<Effort, number> = { low: 2, medium: 3, high: 5, xhigh: 8, ultracode: 10 };
 /** A goal's check, written on a line of the task: `check: npm test -- login`. */
 const GOAL_CHECK = /^\s*(?:goal\s+)?check:\s*(.+?)\s*$/im;
+/** The proofs key of a goal's own check (no repository directory is empty). */
+const GOAL = '';
+
+/** The goal's check: the latest one written in the thread (the new message first). */
+export function goalCheckOf(messages: readonly string[]): string | null {
+  for (const message of messages) {
+    const check = GOAL_CHECK.exec(message)?.[1];
+    if (check) return check;
+  }
+  return null;
+}
+
+/** A repository of the workspace, its directory in the fork, and the commits the code host has of it. */
+interface Target {
+  repository: RepositoryRow;
+  dir: string;
+  known: string[];
+}
 
 export function modeOfJob(type: string, taskMode: TaskMode): TaskMode {
   switch (type) {
@@ -122,13 +140,14 @@ export class JobRun {
     const { fork, fresh } = await forks.acquire({ workspaceId: job.workspaceId, taskId: task.id, name: task.slug, jobId: job.id, environment });
     let devServers: DevServers | null = null;
     try {
-      if (fresh && !this.readOnly) await this.restoreBranches(fork, repositories);
-      const config = await this.readConfig(fork);
-      const start = await inspectRepositories(fork, repositories.map((repository) => repository.dir), this.input.signal);
+      const open = (await taskPullRequests(this.deps.db, task.id)).filter((pr) => pr.state === 'open');
+      if (fresh) await this.restoreBranches(fork, repositories, open);
+      const config = await this.readConfig(environment);
+      const targets = await this.targetsOf(repositories, open);
       devServers = (await this.deps.startDevServers?.(fork, config, { network: config.network, signal: this.input.signal })) ?? null;
-      const { outcome, checks } = await this.agentRounds(fork, config, repositories, start, devServers);
+      const { outcome, checks } = await this.agentRounds(fork, config, targets, devServers);
       if (this.readOnly || outcome.status !== 'completed') return resultOf(outcome);
-      const delivered = await this.deliver(fork, repositories, start, checks, outcome.answer);
+      const delivered = await this.deliver(fork, targets, open, checks, outcome.answer);
       const result = resultOf(outcome);
       if (this.mode === 'goal' && !checks.goalReached) {
         return { ...result, status: 'FAILED', error: `the goal's check did not hold after ${checks.rounds} iterations${delivered ? '; the pull requests hold the last attempt' : ''}` };
@@ -137,17 +156,20 @@ export class JobRun {
     } finally {
       await devServers?.stop().catch((error: unknown) => this.deps.logger.warn({ err: error }, 'stopping dev servers failed'));
       await clearTransfers(fork).catch(() => undefined);
-      if (!this.readOnly) await forks.release(fork);
-      else await forks.discard(fork);
+      // A read-only run leaves nothing, so its own fresh fork goes at once; the task's kept fork stays.
+      if (this.readOnly && fresh) await forks.discard(fork);
+      else await forks.release(fork);
     }
   }
 
-  /** The config as this fork has it (a `dev_env` run may be repairing it, so a broken one is not fatal there). */
-  private async readConfig(fork: Fork): Promise<EnvironmentConfig> {
-    const result = await fork.run(['cat', '--', CONFIG_FILE], { timeoutMs: 30_000, signal: this.input.signal });
-    const text = result.exitCode === 0 ? result.stdout : null;
+  /**
+   * The environment's config as the environment has it, not as the fork does: the agent may edit the
+   * fork's copy, but its network policy and checks apply only once a person merged the change. A broken
+   * config is not fatal to a `dev_env` run, which is there to repair it.
+   */
+  private async readConfig(environment: string): Promise<EnvironmentConfig> {
     try {
-      return parseEnvironmentConfig(text);
+      return await readEnvironmentConfig(environment);
     } catch (error) {
       if (this.mode !== 'dev_env') throw error;
       await this.input.emit({ kind: 'message', data: { text: `The environment config is broken: ${(error as Error).message}` } });
@@ -155,21 +177,40 @@ export class JobRun {
     }
   }
 
-  /** A fresh fork of a task with open pull requests continues from their branches. */
-  private async restoreBranches(fork: Fork, repositories: RepositoryRow[]): Promise<void> {
-    const open = (await taskPullRequests(this.deps.db, this.input.task.id)).filter((pr) => pr.state === 'open' && pr.repositoryId);
+  /**
+   * A fresh fork of a task with open pull requests continues from their branches. A branch that cannot be
+   * restored is said in the journal; the run goes on from the environment as it is.
+   */
+  private async restoreBranches(fork: Fork, repositories: RepositoryRow[], open: PullRequestRow[]): Promise<void> {
     for (const pr of open) {
       const repository = repositories.find((candidate) => candidate.id === pr.repositoryId);
       if (!repository || !pr.headBranch || !pr.baseSha) continue;
-      await restoreBranch(fork, this.deps.codeHost, {
-        workspaceId: repository.workspaceId,
-        fullName: repository.fullName,
-        dir: repository.dir,
-        branch: pr.headBranch,
-        base: pr.baseSha,
-        bundleName: `in-${repository.id}.bundle`,
-      });
+      try {
+        await restoreBranch(fork, this.deps.codeHost, {
+          workspaceId: repository.workspaceId,
+          fullName: repository.fullName,
+          dir: repository.dir,
+          branch: pr.headBranch,
+          base: pr.baseSha,
+          bundleName: `in-${repository.id}.bundle`,
+        });
+      } catch (error) {
+        this.deps.logger.warn({ err: error, repository: repository.fullName }, 'restoring a task branch failed');
+        await this.input.emit({ kind: 'message', data: { text: `The branch ${pr.headBranch} of ${repository.fullName} could not be restored: ${(error as Error).message}` } });
+      }
     }
+  }
+
+  /** Each repository with the commits the code host has of it: its default branch's recent history and the task's open branch. */
+  private async targetsOf(repositories: RepositoryRow[], open: PullRequestRow[]): Promise<Target[]> {
+    return Promise.all(
+      repositories.map(async (repository) => {
+        const pr = open.find((candidate) => candidate.repositoryId === repository.id);
+        const branches = [repository.defaultBranch, ...(pr?.headBranch ? [pr.headBranch] : [])];
+        const known = await this.deps.codeHost.knownCommits(repository.workspaceId, repository.fullName, branches);
+        return { repository, dir: repository.dir, known };
+      }),
+    );
   }
 
   private async manifest(fork: Fork, config: EnvironmentConfig, devServers: DevServers | null): Promise<RunManifest> {
@@ -198,21 +239,20 @@ export class JobRun {
   private async agentRounds(
     fork: Fork,
     config: EnvironmentConfig,
-    repositories: RepositoryRow[],
-    start: RepositoryState[],
+    targets: Target[],
     devServers: DevServers | null,
   ): Promise<{ outcome: RunOutcome; checks: { proofs: Map<string, CheckProof[]>; goalReached: boolean; rounds: number } }> {
     const { harness, emit, job, signal } = this.input;
     const manifest = await this.manifest(fork, config, devServers);
     const effort = manifest.effort;
-    const goalCheck = this.mode === 'goal' ? GOAL_CHECK.exec(job.input ?? '')?.[1] ?? null : null;
+    const goalCheck = this.mode === 'goal' ? goalCheckOf([manifest.input, ...manifest.history.filter((turn) => turn.role === 'user').map((turn) => turn.content).reverse()]) : null;
     const rounds = this.mode === 'goal' ? GOAL_ITERATIONS[effort] : 1 + CHECK_FIX_ROUNDS;
     let proofs = new Map<string, CheckProof[]>();
     let outcome: RunOutcome = { status: 'failed', error: 'the agent did not run' };
     for (let round = 1; round <= rounds; round++) {
       outcome = await harness.run(manifest, emit);
       if (outcome.status !== 'completed' || this.readOnly) return { outcome, checks: { proofs, goalReached: false, rounds: round } };
-      const changed = await this.changedRepositories(fork, repositories, start);
+      const changed = await this.changedRepositories(fork, targets);
       proofs = await this.verify(fork, config, changed, goalCheck, round, devServers);
       const failed = [...proofs.values()].flat().filter((proof) => !proof.passed);
       const goalReached = failed.length === 0;
@@ -227,67 +267,61 @@ export class JobRun {
     return { outcome, checks: { proofs, goalReached: false, rounds } };
   }
 
-  private async changedRepositories(fork: Fork, repositories: RepositoryRow[], start: RepositoryState[]): Promise<Array<{ repository: RepositoryRow; state: RepositoryState }>> {
-    const now = await inspectRepositories(fork, repositories.map((repository) => repository.dir), this.input.signal);
-    return repositories.flatMap((repository) => {
-      const state = now.find((entry) => entry.dir === repository.dir);
-      const before = start.find((entry) => entry.dir === repository.dir);
-      return state && (state.dirty || state.head !== before?.head) ? [{ repository, state }] : [];
-    });
+  /** The repositories whose fork has uncommitted changes or commits the code host does not have. */
+  private async changedRepositories(fork: Fork, targets: Target[]): Promise<Target[]> {
+    const states = await inspectRepositories(fork, targets, this.input.signal);
+    return targets.filter((target) => states.some((state) => state.dir === target.dir && (state.dirty || state.ahead > 0)));
   }
 
   /** The checks of every changed repository (or, in a goal run, the goal's own check), journaled. */
   private async verify(
     fork: Fork,
     config: EnvironmentConfig,
-    changed: Array<{ repository: RepositoryRow }>,
+    changed: Target[],
     goalCheck: string | null,
     round: number,
     devServers: DevServers | null,
   ): Promise<Map<string, CheckProof[]>> {
     const options = { network: config.network, signal: this.input.signal, ...(devServers ? { env: devServers.env() } : {}) };
     const proofs = new Map<string, CheckProof[]>();
-    const targets: Array<{ key: string; dir: string; checks: CheckSpec[] }> = goalCheck
-      ? [{ key: 'goal', dir: '.', checks: [{ name: 'goal', command: goalCheck, timeoutSeconds: 600 }] }]
-      : (this.mode === 'goal' ? config.repositories : changed.map(({ repository }) => config.repositories.find((spec) => spec.dir === repository.dir)))
+    // Proofs are keyed by the repository's directory (GOAL for a goal's own check).
+    const targets: Array<{ dir: string; name: string; checks: CheckSpec[] }> = goalCheck
+      ? [{ dir: GOAL, name: 'goal', checks: [{ name: 'goal', command: goalCheck, timeoutSeconds: 600 }] }]
+      : (this.mode === 'goal' ? config.repositories : changed.map(({ dir }) => config.repositories.find((spec) => spec.dir === dir)))
           .filter((spec) => spec !== undefined)
-          .map((spec) => ({ key: spec.name, dir: spec.dir, checks: spec.checks }));
+          .map((spec) => ({ dir: spec.dir, name: spec.name, checks: spec.checks }));
     for (const target of targets) {
-      const results = await runChecks(fork, target.dir, target.checks, options);
-      proofs.set(target.key, results);
-      for (const proof of results) await this.input.emit({ kind: 'check', data: { round, repository: target.key, ...proof } });
+      const results = await runChecks(fork, target.dir === GOAL ? '.' : target.dir, target.checks, options);
+      proofs.set(target.dir, results);
+      for (const proof of results) await this.input.emit({ kind: 'check', data: { round, repository: target.name, ...proof } });
     }
     return proofs;
   }
 
   /** Commits, pushes and opens or updates a pull request for each repository the run changed. */
-  private async deliver(fork: Fork, repositories: RepositoryRow[], start: RepositoryState[], checks: { proofs: Map<string, CheckProof[]> }, summary: string): Promise<number> {
+  private async deliver(fork: Fork, targets: Target[], open: PullRequestRow[], checks: { proofs: Map<string, CheckProof[]> }, summary: string): Promise<number> {
     const { db, codeHost, publicUrl } = this.deps;
     const { job, task, emit, signal } = this.input;
-    const open = (await taskPullRequests(db, task.id)).filter((pr) => pr.state === 'open');
     const branch = branchOf(task);
     let delivered = 0;
-    for (const { repository } of await this.changedRepositories(fork, repositories, start)) {
-      const existing = open.find((pr) => pr.repositoryId === repository.id);
+    for (const target of await this.changedRepositories(fork, targets)) {
+      const { repository } = target;
       const baseSha = await codeHost.resolve(repository.workspaceId, repository.fullName, `refs/heads/${repository.defaultBranch}`);
       if (!baseSha) throw new Error(`${repository.fullName} has no ${repository.defaultBranch} branch on the code host`);
-      const bundled = await commitAndBundle(fork, {
-        dir: repository.dir,
-        since: existing?.headSha ?? start.find((entry) => entry.dir === repository.dir)?.head ?? baseSha,
-        message: task.title,
-        bundleName: `out-${repository.id}.bundle`,
-        signal,
-      });
+      const bundled = await commitAndBundle(fork, { ...target, message: task.title, bundleName: `out-${repository.id}.bundle`, signal });
       if (!bundled) continue;
+      // A job that was cancelled or lost its lease meanwhile pushes nothing.
+      await assertJobHeld(db, job.id, job.generation);
       try {
         await codeHost.receiveBranch(repository.workspaceId, repository.fullName, bundled.bundle, branch, bundled.head);
       } finally {
         await rm(dirname(bundled.bundle), { recursive: true, force: true });
       }
       const files = await codeHost.diffStat(repository.workspaceId, repository.fullName, baseSha, bundled.head);
-      const proofs = checks.proofs.get(repository.fullName) ?? checks.proofs.get('goal') ?? [];
-      const { pullRequest, opened } = await db.transaction((tx) =>
-        recordPullRequestPush(tx, {
+      const proofs = checks.proofs.get(repository.dir) ?? checks.proofs.get(GOAL) ?? [];
+      const { pullRequest, opened } = await db.transaction(async (tx) => {
+        await assertJobHeld(tx, job.id, job.generation, true);
+        return recordPullRequestPush(tx, {
           taskId: task.id,
           repositoryId: repository.id,
           repoFullName: repository.fullName,
@@ -300,8 +334,8 @@ export class JobRun {
           baseSha,
           checks: proofs,
           url: (number) => `${publicUrl}/repos/${repository.fullName}/pulls/${number}`,
-        }),
-      );
+        });
+      });
       delivered += 1;
       await emit({
         kind: 'pull_request',

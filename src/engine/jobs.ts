@@ -94,3 +94,17 @@ export async function finishJob(db: Db, jobId: string, generation: number, resul
     return job;
   });
 }
+
+/**
+ * Throws StaleGenerationError unless the job still runs under `generation`: checked before a job's side
+ * effects (a push, a pull request), so a cancelled job or one whose lease another executor expired does
+ * nothing more. With `lock`, the job row stays locked for the rest of the transaction.
+ */
+export async function assertJobHeld(db: Db, jobId: string, generation: number, lock = false): Promise<void> {
+  const query = db
+    .select({ id: jobs.id })
+    .from(jobs)
+    .where(and(eq(jobs.id, jobId), eq(jobs.generation, generation), eq(jobs.status, 'IN_PROGRESS')));
+  const [held] = lock ? await query.for('update') : await query;
+  if (!held) throw new StaleGenerationError(jobId, generation);
+}
