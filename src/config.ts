@@ -46,6 +46,10 @@ export const ConfigSchema = z.object({
     .enum(['true', 'false', '1', '0'])
     .default('false')
     .transform((value) => value === 'true' || value === '1'),
+  /** SVC_SANDBOX_MEMORY_MIB: address space of each sandboxed process (ulimit -v); 0: unlimited. */
+  sandboxMemoryMib: z.coerce.number().int().min(0).default(4096),
+  /** SVC_SANDBOX_CPU_SECONDS: CPU time of each sandboxed process (ulimit -t); 0: unlimited. */
+  sandboxCpuSeconds: z.coerce.number().int().min(0).default(3600),
   /** SVC_FORK_IDLE_STOP_MS: an idle task fork's dev servers are stopped this long after its last use (SPEC.md "Limits"). */
   forkIdleStopMs: z.coerce.number().int().min(0).default(30 * 60_000),
   /** SVC_FORK_ARCHIVE_MS: a stopped fork is archived (a compressed tar of its changes) this long after it stopped. */
@@ -75,6 +79,8 @@ const ENV: Record<ConfigKey, string> = {
   executorConcurrency: 'SVC_EXECUTOR_CONCURRENCY',
   jobLeaseMs: 'SVC_JOB_LEASE_MS',
   allowUnsandboxed: 'SVC_ALLOW_UNSANDBOXED',
+  sandboxMemoryMib: 'SVC_SANDBOX_MEMORY_MIB',
+  sandboxCpuSeconds: 'SVC_SANDBOX_CPU_SECONDS',
   forkIdleStopMs: 'SVC_FORK_IDLE_STOP_MS',
   forkArchiveMs: 'SVC_FORK_ARCHIVE_MS',
   forkDeleteMs: 'SVC_FORK_DELETE_MS',

@@ -42,9 +42,15 @@ export async function withStore<T>(config: Config, fn: (database: Database) => P
 export function forkLifecycleFor(config: Config, database: Database, logger: Logger): ForkLifecycle {
   return new ForkLifecycle({
     database,
-    forksRoot: join(config.dataDir, 'forks'),
+    // Per host: a data dir shared by several hosts keeps each host's forks apart.
+    forksRoot: join(config.dataDir, 'forks', hostname()),
     host: hostname(),
-    policy: { hiddenPaths: [config.dataDir], allowUnsandboxed: config.allowUnsandboxed },
+    policy: {
+      hiddenPaths: [config.dataDir],
+      allowUnsandboxed: config.allowUnsandboxed,
+      memoryMiB: config.sandboxMemoryMib,
+      cpuSeconds: config.sandboxCpuSeconds,
+    },
     durations: { idleStopMs: config.forkIdleStopMs, archiveMs: config.forkArchiveMs, deleteMs: config.forkDeleteMs },
     logger: logger.child({ component: 'forks' }),
   });

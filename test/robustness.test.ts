@@ -75,21 +75,20 @@ describe.each(testDrivers)('robustness on %s', (driver) => {
     const first = await create({ command: 'Keep a secret' });
     expect((await engine.settled(first.id)).task.status).toBe('AWAITING_INPUT');
 
-    const probe = [
+    const probes = [
       `cat ${join(environment, '.svc/environment.json')}`,
       `ls ${forksRoot}`,
-      `grep -r ${secret} ${forksRoot} /tmp /var /root /home 2>&1 | head -n 3`,
       `ls ${engine.api.dataDir}`,
       'cat /workspace/vault/secret.txt',
-    ].map((command) => `${command}; echo "exit=$?"`);
-    engine.script.push({ toolCalls: [{ name: 'run_command', arguments: { command: probe.join('; ') } }] }, { toolCalls: [{ name: 'finish', arguments: { summary: 'Looked around.' } }] });
+      `grep -rl ${secret} ${forksRoot} ${engine.api.dataDir} /tmp /var /root /home`,
+    ];
+    const command = probes.map((probe, index) => `${probe}; echo "probe ${index} exit=$?"`).join('; ');
+    engine.script.push({ toolCalls: [{ name: 'run_command', arguments: { command } }] }, { toolCalls: [{ name: 'finish', arguments: { summary: 'Looked around.' } }] });
     const second = await create({ command: 'Look around', userIntent: 'ASK' });
     expect((await engine.settled(second.id)).latestJob).toMatchObject({ status: 'COMPLETED' });
-    const logs = await logsOf(second.id);
-    const output = String(journal(logs).find((event) => event.kind === 'tool_result')!.data.output);
-    // Neither the data dir nor the other task's fork is there; the secret is nowhere to be found.
+    const output = String(journal(await logsOf(second.id)).find((event) => event.kind === 'tool_result')!.data.output);
+    // Each probe failed on its own: neither the data dir nor the other task's fork is there, and the secret is nowhere.
+    for (let index = 0; index < probes.length; index++) expect(output).toMatch(new RegExp(`probe ${index} exit=[1-9]`));
     expect(output).not.toContain(secret);
-    expect(output.match(/No such file or directory/g)?.length).toBeGreaterThanOrEqual(4);
-    expect(output).not.toContain('exit=0\nexit=0');
   });
 });

@@ -1,5 +1,5 @@
 import { execFileSync } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { createServer, type AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -108,6 +108,18 @@ describe('sandbox forks', () => {
     const limited = await sh(fork, 'ulimit -v; ulimit -t', { timeoutMs: 20_000, memoryMiB: 256, cpuSeconds: 7 });
     expect(limited.stdout).toBe('262144\n7\n');
     await forks.remove(fork);
+  });
+
+  it('runs commands without capabilities, under the policy\'s default limits, and keeps forks private', async () => {
+    const limited = new ForkManager(join(root, 'limited-forks'), { ...policy, memoryMiB: 2048, cpuSeconds: 77 });
+    const fork = await limited.create('nocaps', environment);
+    const result = await sh(fork, 'ulimit -v; ulimit -t; touch f && chown 65534 f; echo "chown=$?"; grep CapEff /proc/self/status');
+    expect(result.stdout).toContain(`${2048 * 1024}\n77\n`);
+    expect(result.stdout).toMatch(/chown=1/);
+    expect(result.stdout).toMatch(/CapEff:\s+0+\n/);
+    expect((await sh(fork, 'ulimit -v', { memoryMiB: 512 })).stdout.trim()).toBe(String(512 * 1024));
+    // A setuid file a command could leave in its fork is out of other users' reach.
+    expect(statSync(join(root, 'limited-forks')).mode & 0o077).toBe(0);
   });
 
   it('refuses bad fork names', async () => {

@@ -18,6 +18,14 @@ export class MergeConflictError extends Error {
   }
 }
 
+/** The base branch moved while a merge was computed (another merge landed): try again. */
+export class BaseMovedError extends Error {
+  constructor(branch: string) {
+    super(`${branch} moved while the merge was made; try again`);
+    this.name = 'BaseMovedError';
+  }
+}
+
 export class LocalCodeHost {
   constructor(private readonly dataDir: string) {}
 
@@ -112,21 +120,22 @@ export class LocalCodeHost {
   }
 
   /**
-   * Merges `headBranch` into `baseBranch` with a merge commit, in the bare repository (no working tree):
-   * `git merge-tree` computes the result, and the base ref moves only if nobody moved it meanwhile.
+   * Merges the commit `head` (the one a person reviewed) into `baseBranch` with a merge commit, in the
+   * bare repository (no working tree): `git merge-tree` computes the result, and the base ref moves only
+   * if nobody moved it meanwhile (BaseMovedError otherwise).
    */
-  async merge(workspaceId: string, fullName: string, baseBranch: string, headBranch: string, message: string): Promise<string> {
+  async merge(workspaceId: string, fullName: string, baseBranch: string, head: string, message: string): Promise<string> {
     const path = this.repositoryPath(workspaceId, fullName);
     const base = await revParse(path, `refs/heads/${baseBranch}`);
-    const head = await revParse(path, `refs/heads/${headBranch}`);
-    if (!base || !head) throw new Error(`branch ${base ? headBranch : baseBranch} does not exist in ${fullName}`);
+    if (!base) throw new Error(`branch ${baseBranch} does not exist in ${fullName}`);
     const merged = await runGit(['merge-tree', '--write-tree', '--name-only', '--no-messages', base, head], { cwd: path });
     // Exit 1: a conflict; the output is the tree, then the conflicted files.
     if (merged.code === 1) throw new MergeConflictError(merged.stdout.split('\n').slice(1).map((line) => line.trim()).filter(Boolean));
     if (merged.code !== 0) throw new GitError(['merge-tree'], merged.stderr);
     const tree = merged.stdout.split('\n')[0]!.trim();
     const commit = (await git(['commit-tree', tree, '-p', base, '-p', head, '-m', message], { cwd: path })).trim();
-    await git(['update-ref', `refs/heads/${baseBranch}`, commit, base], { cwd: path });
+    const moved = await runGit(['update-ref', `refs/heads/${baseBranch}`, commit, base], { cwd: path });
+    if (moved.code !== 0) throw new BaseMovedError(baseBranch);
     return commit;
   }
 }

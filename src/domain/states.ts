@@ -33,13 +33,14 @@ const RESUMABLE: readonly TaskStatus[] = [
 export const TASK_TRANSITIONS: Readonly<Record<TaskStatus, readonly TaskStatus[]>> = {
   PENDING: ['IN_PROGRESS', 'CANCELLED', 'FAILED'],
   IN_PROGRESS: ['AWAITING_INPUT', 'AWAITING_APPROVAL', 'IN_REVIEW', 'COMPLETED', 'FAILED', 'CANCELLED', 'PENDING'],
-  AWAITING_INPUT: ['PENDING', 'CANCELLED'],
+  // A linked pull request merged completes the task from any state in which no job runs (SPEC.md).
+  AWAITING_INPUT: ['PENDING', 'CANCELLED', 'COMPLETED'],
   AWAITING_APPROVAL: ['PENDING', 'CANCELLED'],
   // A merged pull request completes the task; a follow-up asks for more changes.
   IN_REVIEW: ['PENDING', 'COMPLETED'],
   COMPLETED: ['PENDING'],
-  FAILED: ['PENDING'],
-  CANCELLED: ['PENDING'],
+  FAILED: ['PENDING', 'COMPLETED'],
+  CANCELLED: ['PENDING', 'COMPLETED'],
 };
 
 /** What each task-level action needs, as the set of statuses it may start from. */

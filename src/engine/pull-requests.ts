@@ -4,12 +4,13 @@
  * transitions": a linked pull request merged → the task becomes Completed) and brings the environment's
  * working copy up to date, so later forks start from the merged code.
  */
-import { LocalCodeHost, MergeConflictError } from '../codehost/local.js';
+import { BaseMovedError, LocalCodeHost, MergeConflictError } from '../codehost/local.js';
+import { taskStatesInto } from '../domain/states.js';
 import { git } from '../codehost/git.js';
 import { ConflictError, NotFoundError } from '../domain/errors.js';
 import { environmentDir } from '../sandbox/environment.js';
 import type { Db } from '../store/db.js';
-import { findPullRequest, listPullRequests, setPullRequestState } from '../store/pull-requests.js';
+import { findPullRequest, listPullRequests, setPullRequestState, taskPullRequests } from '../store/pull-requests.js';
 import { findRepository, listRepositories, type RepositoryRow } from '../store/repositories.js';
 import { updateTask, type PullRequestRow } from '../store/tasks.js';
 import { join } from 'node:path';
@@ -52,18 +53,20 @@ export async function mergePullRequest(deps: PullRequestDeps, caller: Caller, fu
     if (!pullRequest) throw pullRequestNotFound();
     if (pullRequest.state !== 'open') throw new ConflictError(`Pull request is ${pullRequest.state}`, { state: pullRequest.state });
     if (!pullRequest.headBranch || !pullRequest.baseBranch) throw new ConflictError('Pull request has no branches to merge');
+    if (!pullRequest.headSha) throw new ConflictError('Pull request has no commit to merge');
     const host = new LocalCodeHost(deps.dataDir);
-    const head = await host.resolve(caller.workspaceId, fullName, `refs/heads/${pullRequest.headBranch}`);
-    if (head !== pullRequest.headSha) throw new ConflictError('The branch moved since the pull request was last updated; reload it', { headSha: head });
     try {
-      await host.merge(caller.workspaceId, fullName, pullRequest.baseBranch, pullRequest.headBranch, `Merge pull request #${number}: ${pullRequest.title}`);
+      // The commit the pull request shows, not whatever its branch holds now: only reviewed code lands.
+      await host.merge(caller.workspaceId, fullName, pullRequest.baseBranch, pullRequest.headSha, `Merge pull request #${number}: ${pullRequest.title}`);
     } catch (error) {
       if (error instanceof MergeConflictError) throw new ConflictError(`Pull request cannot be merged: ${error.message}`, { files: error.files });
+      if (error instanceof BaseMovedError) throw new ConflictError(`Pull request cannot be merged now: ${error.message}`);
       throw error;
     }
     const row = (await setPullRequestState(tx, pullRequest.id, 'merged'))!;
-    // A task waiting for review is done; one that is running again (a follow-up) goes on.
-    await updateTask(tx, pullRequest.taskId, { status: 'COMPLETED' }, ['IN_REVIEW']);
+    // SPEC.md: a linked pull request merged completes the task, whatever it waited for; a task that is
+    // running again (a follow-up) goes on, and its job's end decides.
+    await updateTask(tx, pullRequest.taskId, { status: 'COMPLETED' }, taskStatesInto('COMPLETED').filter((from) => from !== 'IN_PROGRESS' && from !== 'PENDING'));
     return row;
   });
   await refreshWorkingCopy(deps, caller.workspaceId, fullName);
@@ -75,7 +78,11 @@ export async function closePullRequest(deps: PullRequestDeps, caller: Caller, fu
     const pullRequest = await findPullRequest(tx, caller.workspaceId, fullName, number, true);
     if (!pullRequest) throw pullRequestNotFound();
     if (pullRequest.state !== 'open') throw new ConflictError(`Pull request is ${pullRequest.state}`, { state: pullRequest.state });
-    return (await setPullRequestState(tx, pullRequest.id, 'closed'))!;
+    const row = (await setPullRequestState(tx, pullRequest.id, 'closed'))!;
+    // A task that waited only for this review is done with once nothing of it is open any more.
+    const stillOpen = (await taskPullRequests(tx, pullRequest.taskId)).some((pr) => pr.state === 'open');
+    if (!stillOpen) await updateTask(tx, pullRequest.taskId, { status: 'COMPLETED' }, ['IN_REVIEW']);
+    return row;
   });
 }
 

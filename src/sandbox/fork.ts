@@ -36,6 +36,9 @@ export interface SandboxPolicy {
   hiddenPaths: string[];
   /** Run without bubblewrap where it is missing (the operator's explicit choice). */
   allowUnsandboxed: boolean;
+  /** Limits of every process that asks for none of its own: address space in MiB, CPU seconds. */
+  memoryMiB?: number;
+  cpuSeconds?: number;
 }
 
 export interface RunOptions {
@@ -177,9 +180,11 @@ export class Fork {
     const root = this.info.mode === 'overlay' ? join(this.info.dir, 'merged') : join(this.info.dir, 'root');
     // Without network access, a fork with a private network runs its command there (not in an empty one).
     const network = bwrap && !options.network ? this.privateNetworkPath() : null;
+    const memoryMiB = options.memoryMiB ?? this.policy.memoryMiB;
+    const cpuSeconds = options.cpuSeconds ?? this.policy.cpuSeconds;
     const limits = [
-      options.memoryMiB ? `ulimit -v ${Math.floor(options.memoryMiB * 1024)}` : '',
-      options.cpuSeconds ? `ulimit -t ${Math.floor(options.cpuSeconds)}` : '',
+      memoryMiB ? `ulimit -v ${Math.floor(memoryMiB * 1024)}` : '',
+      cpuSeconds ? `ulimit -t ${Math.floor(cpuSeconds)}` : '',
     ].filter(Boolean);
     const inner = bwrap ? ['bwrap', ...this.bwrapArgs(root, options, network !== null), '--', ...command] : [...command];
     // $1..$4: overlay dirs (or empty); the rest: the command to exec after mounting and limiting.
@@ -205,7 +210,8 @@ export class Fork {
   private bwrapArgs(root: string, options: RunOptions, sharedNetwork: boolean): string[] {
     // A fresh root holding only the system's programs and libraries, read-only: home directories, /srv,
     // /var and wherever the service keeps its data are simply not there.
-    const args = ['--die-with-parent'];
+    // No capabilities: root inside cannot mount, chown to others or otherwise reach past the fork.
+    const args = ['--die-with-parent', '--cap-drop', 'ALL'];
     for (const dir of SYSTEM_DIRS) args.push('--ro-bind-try', dir, dir);
     args.push('--dev', '/dev', '--proc', '/proc', '--tmpfs', '/tmp');
     for (const hidden of this.policy.hiddenPaths) {
@@ -370,6 +376,9 @@ export class ForkManager {
     const dir = this.dirOf(name);
     const environment = await checkedEnvironment(base);
     if (existsSync(dir)) throw new Error(`fork "${name}" already exists`);
+    // Only the service's user may enter the forks: a sandboxed command runs as root and could leave a
+    // setuid file in its fork, which no other local user must be able to reach.
+    await mkdir(resolve(this.forksRoot), { recursive: true, mode: 0o700 });
     let mode = options.mode ?? (sandboxCapabilities().overlay ? 'overlay' : 'clone');
     if (mode === 'overlay' && !sandboxCapabilities().overlay) mode = 'clone';
     if (mode === 'overlay') {

@@ -54,7 +54,7 @@ export function useTestEngine(driver: TestDriver, ready: (engine: TestEngine) =>
       database: api.db.database,
       forksRoot: join(api.dataDir, 'forks'),
       host: hostname(),
-      policy: { hiddenPaths: [api.dataDir], allowUnsandboxed: false },
+      policy: { hiddenPaths: [api.dataDir], allowUnsandboxed: false, memoryMiB: 4096, cpuSeconds: 600 },
       durations: { idleStopMs: 60_000, archiveMs: 60_000, deleteMs: 60_000 },
       logger,
     });
