@@ -5,7 +5,7 @@ import { join } from 'node:path';
 import { eq, sql } from 'drizzle-orm';
 import pino from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { ForkBusyError, ForkLifecycle, type ForkLifecycleOptions, type TickResult } from '../src/engine/fork-lifecycle.js';
+import { ForkLifecycle, type ForkLifecycleOptions, type TickResult } from '../src/engine/fork-lifecycle.js';
 import { Scheduler } from '../src/engine/scheduler.js';
 import { readProcessRecords, startDevServers } from '../src/sandbox/dev-servers.js';
 import { DevServerSpec } from '../src/sandbox/environment.js';
@@ -109,10 +109,21 @@ describe.each(testDrivers)('fork lifecycle on %s', (driver) => {
     expect(first.fork.info.dir).toBe(dirOf(host, task.slug));
     expect(await row(task.slug)).toMatchObject({ state: 'active', jobId: first.job.id, taskId: task.id, host });
     await sh(first.fork, 'echo changed > web/a.txt');
-    // Another job of the task while the first still runs: refused.
+    // Another job of the task while the first still runs waits for it: the fork is never shared.
     const other = await newJob(task.id);
-    await expect(forksOf.acquire({ workspaceId, taskId: task.id, name: task.slug, jobId: other.id, environment })).rejects.toThrow(ForkBusyError);
+    let handedOver = false;
+    const waiting = forksOf.acquire({ workspaceId, taskId: task.id, name: task.slug, jobId: other.id, environment }).then((made) => {
+      handedOver = true;
+      return made;
+    });
+    await sh(first.fork, 'echo still mine > web/b.txt');
+    expect(handedOver).toBe(false);
+    expect(await row(task.slug)).toMatchObject({ state: 'active', jobId: first.job.id });
     await forksOf.release(first.fork);
+    const handed = await waiting;
+    expect(handed.fresh).toBe(false);
+    expect(await sh(handed.fork, 'cat web/b.txt')).toBe('still mine\n');
+    await forksOf.release(handed.fork);
     expect(await row(task.slug)).toMatchObject({ state: 'idle', jobId: null });
 
     const second = await acquire(forksOf, task);

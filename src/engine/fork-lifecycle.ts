@@ -150,7 +150,13 @@ export class ForkLifecycle {
             const holder = row.jobId === null ? isNull(forks.jobId) : eq(forks.jobId, row.jobId);
             const where = row.jobId === input.jobId ? holder : and(holder, jobNotRunning);
             claimed = await moveFork(this.db, row.id, { ...claim, from: 'active', where });
-            if (!claimed && (await findFork(this.db, key))?.jobId === row.jobId) throw new ForkBusyError(input.name, row.jobId);
+            if (!claimed && (await findFork(this.db, key))?.jobId === row.jobId) {
+              // Its job still runs, or was cancelled and is winding down: wait for the release (or its
+              // lease to run out), within bounds.
+              if (Date.now() > deadline) throw new ForkBusyError(input.name, row.jobId);
+              await new Promise((resolve) => setTimeout(resolve, WAIT_FOR_MOVE_MS));
+              continue;
+            }
             break;
           }
           case 'archiving':

@@ -109,7 +109,8 @@ export async function startDevServers(
     for (const { repoDir, spec } of targets) {
       const port = fork.network ? privatePort(spec.port, taken) : await hostPort(spec.port, taken);
       taken.add(port);
-      const handle = fork.spawnLongRunning(['sh', '-c', spec.command], { cwd: repoDir, env: { PORT: String(port) }, network: options.network });
+      // Without a private network (none could be made), the servers use the host's, as the log says.
+      const handle = fork.spawnLongRunning(['sh', '-c', spec.command], { cwd: repoDir, env: { PORT: String(port) }, network: options.network || fork.network === null });
       records.push(processRecord(spec.name, handle.pid));
       await writeProcessRecords(fork.info.dir, records);
       started.push({ status: { name: spec.name, port, url: `http://127.0.0.1:${port}`, healthy: false }, handle, spec });

@@ -36,8 +36,12 @@ export interface ForkDurations {
 const NOW_MS = sql`date_trunc('milliseconds', now())`;
 const olderThan = (column: typeof forks.lastUsedAt | typeof forks.stateChangedAt, ms: number) => sql`${column} <= now() - ${ms}::double precision * interval '1 millisecond'`;
 
-/** The fork's job no longer runs: gone, finished, or its lease expired (its executor died). */
-export const jobNotRunning = sql`not exists (select 1 from jobs where jobs.id = ${forks.jobId} and jobs.status = 'IN_PROGRESS' and jobs.lease_expires_at > now())`;
+/**
+ * The fork's job no longer runs: gone, finished, or its lease expired (its executor died). A cancelled
+ * job still counts until its lease runs out (or its executor releases the fork), since its executor may
+ * still be winding down in the fork.
+ */
+export const jobNotRunning = sql`not exists (select 1 from jobs where jobs.id = ${forks.jobId} and jobs.status in ('IN_PROGRESS', 'CANCELLED') and jobs.lease_expires_at > now())`;
 
 /** The conditions under which each state is due to move on (idle includes an abandoned active fork). */
 export function dueCondition(state: ForkState, durations: ForkDurations): SQL | null {
