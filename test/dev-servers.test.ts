@@ -145,6 +145,21 @@ describe('dev servers in a fork', () => {
     await servers.stop();
   });
 
+  it("serves the agent's later edits: the server and the fork's commands share one overlay mount", async () => {
+    // who.txt is the environment's until the agent edits it: the edit copies it up into the fork.
+    const fork = await forks.create('live-edits', environment);
+    const servers = await startDevServers(fork, [{ repoDir: 'web', spec: spec({ name: 'web', port: 4400 }) }], { network: false });
+    running.push(servers);
+    expect(await fetchFromFork(fork, 'http://127.0.0.1:4400/')).toBe('dev:environment');
+    const edited = await fork.run(['sh', '-c', 'echo after > web/who.txt'], { timeoutMs: 20_000 });
+    expect(edited.exitCode, edited.stderr).toBe(0);
+    expect(await fetchFromFork(fork, 'http://127.0.0.1:4400/')).toBe('dev:after');
+    await servers.stop();
+    expect(fork.heldMountPath()).toBeNull();
+    // Once they stop, commands mount the fork themselves again, and the edit is still there.
+    expect((await fork.run(['cat', 'web/who.txt'], { timeoutMs: 20_000 })).stdout).toBe('after\n');
+  });
+
   it('lets two forks use the same preferred port, each reaching its own server', async () => {
     const [first, second] = await Promise.all([newFork('twin-a', 'a'), newFork('twin-b', 'b')]);
     const target = [{ repoDir: 'web', spec: spec({ name: 'web', port: 4321 }) }];
@@ -186,8 +201,9 @@ describe('dev servers in a fork', () => {
     const servers = await startDevServers(fork, [{ repoDir: 'web', spec: spec({ name: 'web', command }) }], { network: false });
     running.push(servers);
     expect(servers.servers[0]!.healthy).toBe(true);
+    // The overlay mount's holder, the network's and the server's.
+    expect(readProcessRecords(fork.info.dir).map((record) => record.name).sort()).toEqual(['mount', 'network', 'web']);
     const groups = readProcessRecords(fork.info.dir).map((record) => record.pid);
-    expect(groups).toHaveLength(2);
     expect(leftovers(groups).length).toBeGreaterThanOrEqual(3);
     await servers.stop();
     expect(leftovers(groups)).toEqual([]);
@@ -197,7 +213,7 @@ describe('dev servers in a fork', () => {
     const again = await startDevServers(fork, [{ repoDir: 'web', spec: spec({ name: 'web', command }) }], { network: false });
     running.push(again);
     const records = readProcessRecords(fork.info.dir);
-    expect(await stopRecordedProcesses(fork.info.dir, records)).toBe(2);
+    expect(await stopRecordedProcesses(fork.info.dir, records)).toBe(3);
     expect(leftovers(records.map((record) => record.pid))).toEqual([]);
     expect(readProcessRecords(fork.info.dir)).toEqual([]);
     // A later start stops whatever an earlier one left (here: nothing is left, and it starts cleanly).

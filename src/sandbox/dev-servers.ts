@@ -88,6 +88,9 @@ export async function startDevServers(
   fork.network = null;
   if (targets.length === 0) return running(fork, [], [], null);
   const records: ProcessRecord[] = [];
+  // One overlay mount for the servers and every command of the fork while they run (see Fork.mount).
+  const mount = await fork.holdMount();
+  if (mount) records.push(processRecord('mount', mount.pid));
   let holder: LongRunningProcess | null = null;
   if (!options.network) {
     const made = await makePrivateNetwork(log);
@@ -102,6 +105,8 @@ export async function startDevServers(
     await Promise.all(started.map(({ handle }) => handle.stop(STOP_GRACE_MS)));
     await holder?.stop(STOP_GRACE_MS);
     fork.network = null;
+    await mount?.stop(STOP_GRACE_MS);
+    fork.mount = null;
     await writeProcessRecords(fork.info.dir, []);
   };
   try {
@@ -126,7 +131,7 @@ export async function startDevServers(
     log(`dev server ${server.status.name} did not start: ${server.status.error ?? ''}`);
     await server.handle.stop(STOP_GRACE_MS);
   }
-  return running(fork, started, records, holder);
+  return running(fork, started, records, holder, mount);
 }
 
 interface StartedServer {
@@ -140,6 +145,7 @@ function running(
   started: StartedServer[],
   records: ProcessRecord[],
   holder: LongRunningProcess | null,
+  mount: LongRunningProcess | null = null,
 ): RunningDevServers {
   return {
     servers: started.map(({ status }) => status),
@@ -156,6 +162,8 @@ function running(
       await Promise.all(started.map(({ handle }) => handle.stop(STOP_GRACE_MS)));
       await holder?.stop(STOP_GRACE_MS);
       if (holder && fork.network) fork.network = null;
+      await mount?.stop(STOP_GRACE_MS);
+      if (mount && fork.mount) fork.mount = null;
       // Keep whatever a later start recorded meanwhile; drop what this one started.
       const ours = new Set(records.map((record) => `${record.pid}:${record.startTime}`));
       await writeProcessRecords(

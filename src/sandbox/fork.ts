@@ -134,6 +134,12 @@ export function changesDirOf(info: Pick<ForkInfo, 'mode' | 'dir'>): string {
 export class Fork {
   /** Set while the fork holds a private network namespace; see the module comment. */
   network: ForkNetwork | null = null;
+  /**
+   * Set while one overlay mount of the fork is held open (while dev servers run): every command then
+   * joins that mount instead of making its own, since overlayfs does not support two mounts sharing one
+   * upper directory at once (a long-running server would not see the agent's later edits).
+   */
+  mount: ForkNetwork | null = null;
 
   constructor(
     readonly info: ForkInfo,
@@ -164,11 +170,39 @@ export class Fork {
 
   /** The namespace path of the fork's private network, if it still exists (checked against its inode). */
   privateNetworkPath(): string | null {
-    if (!this.network) return null;
-    const path = `/proc/${this.network.holderPid}/ns/net`;
+    return namespacePath(this.network, 'net');
+  }
+
+  /** The mount namespace holding the fork's overlay open, if it still exists. */
+  heldMountPath(): string | null {
+    return namespacePath(this.mount, 'mnt');
+  }
+
+  /**
+   * Mounts the fork's overlay once, in a mount namespace a holder process keeps open, and makes every
+   * later command of the fork join it (see `mount`). Answers the holder (stop it to let go), or null for
+   * a fork that is not an overlay or where the mount could not be held.
+   */
+  async holdMount(): Promise<LongRunningProcess | null> {
+    if (this.info.mode !== 'overlay' || this.heldMountPath()) return null;
+    const root = join(this.info.dir, 'merged');
+    const script = 'mount -t overlay overlay -o "lowerdir=$1,upperdir=$2,workdir=$3" "$4" || exit 125\necho mounted\nexec sleep infinity';
+    const holder = spawnLongRunningGroup(
+      // It dies with the service, as the sandboxes do (their --die-with-parent).
+      ['setpriv', '--pdeathsig', 'KILL', 'unshare', '-m', '--propagation', 'private', 'sh', '-c', script, 'sh', this.info.base, join(this.info.dir, 'upper'), join(this.info.dir, 'work'), root],
+      {},
+    );
+    let exited = false;
+    void holder.exited.then(() => (exited = true));
+    for (let waited = 0; !holder.output().includes('mounted') && !exited && waited < 10_000; waited += 10) {
+      await new Promise((resolveWait) => setTimeout(resolveWait, 10));
+    }
     try {
-      return readlinkSync(path) === this.network.inode ? path : null;
+      if (!holder.output().includes('mounted')) throw new Error(holder.output().trim() || 'the overlay was not mounted');
+      this.mount = { holderPid: holder.pid, inode: readlinkSync(`/proc/${holder.pid}/ns/mnt`) };
+      return holder;
     } catch {
+      await holder.stop(0);
       return null;
     }
   }
@@ -200,11 +234,14 @@ export class Fork {
       this.info.mode === 'overlay'
         ? [this.info.base, join(this.info.dir, 'upper'), join(this.info.dir, 'work'), root]
         : ['', '', '', ''];
-    const argv =
-      this.info.mode === 'overlay'
+    const held = this.heldMountPath();
+    const argv = held
+      ? ['sh', '-c', script.replace(/^mount .*\n/, ''), 'sh', ...overlayArgs, ...inner]
+      : this.info.mode === 'overlay'
         ? ['unshare', '-m', '--propagation', 'private', 'sh', '-c', script, 'sh', ...overlayArgs, ...inner]
         : ['sh', '-c', script, 'sh', ...overlayArgs, ...inner];
-    return network ? ['nsenter', `--net=${network}`, ...argv] : argv;
+    const namespaces = [...(network ? [`--net=${network}`] : []), ...(held ? [`--mount=${held}`] : [])];
+    return namespaces.length > 0 ? ['nsenter', ...namespaces, ...argv] : argv;
   }
 
   private bwrapArgs(root: string, options: RunOptions, sharedNetwork: boolean): string[] {
@@ -226,6 +263,17 @@ export class Fork {
     args.push('--setenv', 'HOME', '/tmp');
     for (const [name, value] of Object.entries(options.env ?? {})) args.push('--setenv', name, value);
     return args;
+  }
+}
+
+/** `/proc/<pid>/ns/<kind>` of a held namespace, if its holder still holds that very namespace. */
+function namespacePath(held: ForkNetwork | null, kind: 'net' | 'mnt'): string | null {
+  if (!held) return null;
+  const path = `/proc/${held.holderPid}/ns/${kind}`;
+  try {
+    return readlinkSync(path) === held.inode ? path : null;
+  } catch {
+    return null;
   }
 }
 
