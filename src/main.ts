@@ -13,6 +13,7 @@ import { Executor } from './engine/executor.js';
 import { ForkLifecycle } from './engine/fork-lifecycle.js';
 import { Scheduler } from './engine/scheduler.js';
 import { startDevServers } from './sandbox/dev-servers.js';
+import type { SandboxPolicy } from './sandbox/fork.js';
 import { hostname } from 'node:os';
 import { join } from 'node:path';
 
@@ -35,6 +36,16 @@ export async function withStore<T>(config: Config, fn: (database: Database) => P
   }
 }
 
+/** What every sandboxed process of this service may do (fork commands, environment setup). */
+export function sandboxPolicyOf(config: Config): SandboxPolicy {
+  return {
+    hiddenPaths: [config.dataDir],
+    allowUnsandboxed: config.allowUnsandboxed,
+    memoryMiB: config.sandboxMemoryMib,
+    cpuSeconds: config.sandboxCpuSeconds,
+  };
+}
+
 /**
  * The fork lifecycle of this host's task forks (`dataDir/forks`). One per process: the executor acquires
  * and releases forks through it, and the scheduler ticks it.
@@ -45,12 +56,7 @@ export function forkLifecycleFor(config: Config, database: Database, logger: Log
     // Per host: a data dir shared by several hosts keeps each host's forks apart.
     forksRoot: join(config.dataDir, 'forks', hostname()),
     host: hostname(),
-    policy: {
-      hiddenPaths: [config.dataDir],
-      allowUnsandboxed: config.allowUnsandboxed,
-      memoryMiB: config.sandboxMemoryMib,
-      cpuSeconds: config.sandboxCpuSeconds,
-    },
+    policy: sandboxPolicyOf(config),
     durations: { idleStopMs: config.forkIdleStopMs, archiveMs: config.forkArchiveMs, deleteMs: config.forkDeleteMs },
     logger: logger.child({ component: 'forks' }),
   });

@@ -3,8 +3,8 @@ import { existsSync, mkdtempSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { addRepository, ENVIRONMENT_REPOSITORY, fullNameFromUrl, workspaceRepositories } from '../src/engine/repositories.js';
-import { environmentDir, readEnvironmentConfig, parseEnvironmentConfig } from '../src/sandbox/environment.js';
+import { addRepository, ENVIRONMENT_REPOSITORY, fullNameFromUrl, setupEnvironment, workspaceRepositories } from '../src/engine/repositories.js';
+import { environmentDir, readEnvironmentConfig, parseEnvironmentConfig, writeEnvironmentConfig } from '../src/sandbox/environment.js';
 import { useTestApi, type Tenant, type TestApi } from './support/api.js';
 import { testDrivers } from './support/db.js';
 import { gitIn, sampleRepository } from './support/repos.js';
@@ -40,7 +40,8 @@ describe.each(testDrivers)('svc admin repo add on %s', (driver) => {
     const source = sampleRepository('site');
     const { repository, spec } = await addRepository(db, { dataDir: api.dataDir, workspace: tenant.workspace.name, source });
     expect(repository).toMatchObject({ fullName: 'local/site', dir: 'site', defaultBranch: 'main', source });
-    expect(spec).toEqual({ name: 'local/site', dir: 'site', setup: ['npm install'], checks: [{ name: 'test', command: 'npm test', timeoutSeconds: 600 }], devServers: [] });
+    // No dependencies, so nothing to install (and no lock file written into the working copy).
+    expect(spec).toEqual({ name: 'local/site', dir: 'site', setup: [], checks: [{ name: 'test', command: 'npm test', timeoutSeconds: 600 }], devServers: [] });
 
     const environment = environmentDir(api.dataDir, tenant.workspace.id);
     const bare = join(api.dataDir, 'codehost', tenant.workspace.id, 'local/site.git');
@@ -62,6 +63,24 @@ describe.each(testDrivers)('svc admin repo add on %s', (driver) => {
     // Another owner with the same repository name gets its own directory.
     const other = await addRepository(db, { dataDir: api.dataDir, workspace: tenant.workspace.name, source, fullName: 'acme/site' });
     expect(other.repository.dir).toBe('acme-site');
+  });
+
+  it('runs setup commands in the environment itself, sandboxed, stopping at a failure', async () => {
+    const db = api.db.database.db;
+    const { repository } = await addRepository(db, { dataDir: api.dataDir, workspace: tenant.workspace.name, source: sampleRepository('deps'), fullName: 'acme/deps' });
+    const environment = environmentDir(api.dataDir, tenant.workspace.id);
+    const config = await readEnvironmentConfig(environment);
+    const setup = ['mkdir -p node_modules/dep && echo installed > node_modules/dep/index.txt', `ls ${api.dataDir}`, 'echo never'];
+    await writeEnvironmentConfig(environment, { ...config, repositories: config.repositories.map((spec) => (spec.dir === repository.dir ? { ...spec, setup } : spec)) });
+    const results = await setupEnvironment(db, api.dataDir, tenant.workspace.name, { hiddenPaths: [api.dataDir], allowUnsandboxed: false });
+    const ours = results.filter((result) => result.repository === 'acme/deps');
+    expect(ours.map((result) => [result.command, result.passed])).toEqual([
+      [setup[0], true],
+      [setup[1], false],
+    ]);
+    expect(ours[1]!.outputTail).toMatch(/No such file or directory/);
+    // What it installed is in the environment, where every later fork starts from.
+    expect(readFileSync(join(environment, 'deps', 'node_modules', 'dep', 'index.txt'), 'utf8')).toBe('installed\n');
   });
 
   it('refuses bad sources and names without leaving anything behind', async () => {

@@ -1,12 +1,19 @@
 /** `svc admin`: operator bootstrap commands that work directly on the store. */
 import { join } from 'node:path';
 import type { Command } from 'commander';
-import { admin, withStore } from '../main.js';
+import { admin, sandboxPolicyOf, withStore } from '../main.js';
 import { formatCredits } from '../domain/pricing.js';
-import { table } from './output.js';
+import { CliError, table } from './output.js';
 import { addStoreOptions, configFrom } from './store-options.js';
 
 const when = (date: Date | null): string => (date ? date.toISOString().replace(/\.\d+Z$/, 'Z') : '-');
+
+/** Prints each setup command's result; a failed one fails the command (its output's end on stderr). */
+function reportSetup(results: admin.SetupResult[]): void {
+  for (const result of results) process.stdout.write(`setup ${result.repository}: \`${result.command}\` ${result.passed ? 'passed' : `failed (exit ${result.exitCode ?? 'signal'})`}\n`);
+  const failed = results.find((result) => !result.passed);
+  if (failed) throw new CliError(`setup of ${failed.repository} failed: ${failed.outputTail.split('\n').at(-1) ?? ''}`);
+}
 
 export function registerAdmin(program: Command): void {
   const root = program.command('admin').description('operator commands on the store (--data-dir or DATABASE_URL)');
@@ -56,20 +63,37 @@ export function registerAdmin(program: Command): void {
   addStoreOptions(
     repo
       .command('add <source>')
-      .description('connect a repository from a git URL or a local path; its checks are detected from package.json')
+      .description('connect a repository from a git URL or a local path; its checks and setup are detected from package.json')
       .requiredOption('--workspace <name>', 'workspace')
-      .option('--name <owner/repo>', 'its name (default: from the URL, or local/<directory> for a path)'),
-  ).action(async (source: string, options: { workspace: string; name?: string } & Record<string, unknown>) => {
-    const { workspace: name, name: fullName, ...rest } = options;
+      .option('--name <owner/repo>', 'its name (default: from the URL, or local/<directory> for a path)')
+      .option('--no-setup', 'do not run its setup commands now'),
+  ).action(async (source: string, options: { workspace: string; name?: string; setup: boolean } & Record<string, unknown>) => {
+    const { workspace: name, name: fullName, setup, ...rest } = options;
     const config = configFrom(rest);
-    const { repository, spec } = await withStore(config, (database) =>
-      admin.addRepository(database.db, { dataDir: config.dataDir, workspace: name, source, ...(fullName === undefined ? {} : { fullName }) }),
+    const { repository, spec, setup: ran } = await withStore(config, (database) =>
+      admin.addRepository(database.db, {
+        dataDir: config.dataDir,
+        workspace: name,
+        source,
+        ...(fullName === undefined ? {} : { fullName }),
+        ...(setup ? { setup: sandboxPolicyOf(config) } : {}),
+      }),
     );
     const checks = spec.checks.map((check) => check.name).join(', ') || 'none';
     process.stdout.write(
       `Connected ${repository.fullName} to "${name}" (branch ${repository.defaultBranch}, directory ${repository.dir}/; checks: ${checks}).\n` +
         `Edit its setup, checks and dev servers in ${join(admin.environmentDir(config.dataDir, repository.workspaceId), admin.ENVIRONMENT_CONFIG_FILE)}\n`,
     );
+    reportSetup(ran);
+  });
+  addStoreOptions(
+    repo.command('setup').description("run every repository's setup commands in the environment again").requiredOption('--workspace <name>', 'workspace'),
+  ).action(async (options: { workspace: string } & Record<string, unknown>) => {
+    const { workspace: name, ...rest } = options;
+    const config = configFrom(rest);
+    const ran = await withStore(config, (database) => admin.setupEnvironment(database.db, config.dataDir, name, sandboxPolicyOf(config)));
+    if (ran.length === 0) process.stdout.write('No setup commands are configured.\n');
+    reportSetup(ran);
   });
   addStoreOptions(repo.command('list').description("list a workspace's repositories").requiredOption('--workspace <name>', 'workspace').option('--json', 'print JSON')).action(
     async (options: { workspace: string; json?: boolean } & Record<string, unknown>) => {

@@ -61,7 +61,7 @@ export async function removeApiKey(db: Db, workspaceName: string, idOrPrefix: st
 }
 
 export { listWorkspaces };
-export { addRepository, workspaceRepositories } from './repositories.js';
+export { addRepository, setupEnvironment, workspaceRepositories, type SetupResult } from './repositories.js';
 export { environmentDir, CONFIG_FILE as ENVIRONMENT_CONFIG_FILE } from '../sandbox/environment.js';
 
 export async function grantCredits(db: Db, workspaceName: string, amount: string): Promise<{ grantedMicro: number; balanceMicro: number }> {

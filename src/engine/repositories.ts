@@ -14,6 +14,7 @@ import { ConflictError, NotFoundError, ValidationError } from '../domain/errors.
 import type { Db } from '../store/db.js';
 import { findRepository, insertRepository, listRepositories, type RepositoryRow } from '../store/repositories.js';
 import { findWorkspaceByName, type Workspace } from '../store/workspaces.js';
+import { directSandbox, type SandboxPolicy } from '../sandbox/fork.js';
 import {
   environmentDir,
   readEnvironmentConfig,
@@ -39,16 +40,20 @@ export function fullNameFromUrl(source: string): string | null {
 async function detectChecks(dir: string): Promise<{ setup: string[]; checks: CheckSpec[] }> {
   const manifest = join(dir, 'package.json');
   if (!existsSync(manifest)) return { setup: [], checks: [] };
-  let scripts: Record<string, unknown> = {};
+  let manifestJson: { scripts?: Record<string, unknown>; dependencies?: object; devDependencies?: object };
   try {
-    scripts = ((JSON.parse(await readFile(manifest, 'utf8')) as { scripts?: Record<string, unknown> }).scripts ?? {}) as Record<string, unknown>;
+    manifestJson = JSON.parse(await readFile(manifest, 'utf8')) as typeof manifestJson;
   } catch {
     return { setup: [], checks: [] };
   }
+  const scripts = manifestJson.scripts ?? {};
   const checks = ['lint', 'typecheck', 'test', 'build']
     .filter((name) => typeof scripts[name] === 'string')
     .map((name) => ({ name, command: name === 'test' ? 'npm test' : `npm run ${name}`, timeoutSeconds: 600 }));
-  const setup = existsSync(join(dir, 'package-lock.json')) ? ['npm ci'] : ['npm install'];
+  // Dependencies go in as the lock file says; without one, installing must not write one into the
+  // working copy (every fork would then show it as a change).
+  const hasDependencies = Object.keys({ ...(manifestJson.dependencies ?? {}), ...(manifestJson.devDependencies ?? {}) }).length > 0;
+  const setup = existsSync(join(dir, 'package-lock.json')) ? ['npm ci'] : hasDependencies ? ['npm install --no-package-lock'] : [];
   return { setup, checks };
 }
 
@@ -104,6 +109,43 @@ async function makeEnvironment(db: Db, environment: string, dataDir: string, wor
   await insertRepository(db, { workspaceId: workspace.id, fullName: ENVIRONMENT_REPOSITORY, dir: ENVIRONMENT_DIR, defaultBranch: 'main', source: environment });
 }
 
+export interface SetupResult {
+  repository: string;
+  command: string;
+  passed: boolean;
+  exitCode: number | null;
+  /** The last lines of its output. */
+  outputTail: string;
+}
+
+/** How long one setup command may take (dependency installs are slow). */
+const SETUP_TIMEOUT_MS = 30 * 60_000;
+
+/**
+ * Runs repositories' setup commands in the environment itself (in bubblewrap, with network: installing
+ * dependencies needs it), stopping at a repository's first failure. Later forks start from the result.
+ */
+export async function runSetup(environment: string, specs: readonly RepositorySpec[], policy: SandboxPolicy): Promise<SetupResult[]> {
+  const sandbox = directSandbox(environment, policy);
+  const results: SetupResult[] = [];
+  for (const spec of specs) {
+    for (const command of spec.setup) {
+      const result = await sandbox.run(['sh', '-c', `exec 2>&1\n${command}`], { cwd: spec.dir, network: true, timeoutMs: SETUP_TIMEOUT_MS });
+      const passed = result.exitCode === 0 && !result.timedOut;
+      results.push({ repository: spec.name, command, passed, exitCode: result.exitCode, outputTail: result.stdout.trimEnd().split('\n').slice(-20).join('\n') });
+      if (!passed) break;
+    }
+  }
+  return results;
+}
+
+/** `svc admin repo setup`: runs every repository's setup again (after the config changed). */
+export async function setupEnvironment(db: Db, dataDir: string, workspaceName: string, policy: SandboxPolicy): Promise<SetupResult[]> {
+  const workspace = await requireWorkspace(db, workspaceName);
+  const environment = await ensureEnvironment(db, dataDir, workspace);
+  return runSetup(environment, (await readEnvironmentConfig(environment)).repositories, policy);
+}
+
 export interface AddRepositoryInput {
   dataDir: string;
   workspace: string;
@@ -111,13 +153,15 @@ export interface AddRepositoryInput {
   source: string;
   /** `owner/repo`; derived from a URL, or `local/<directory name>` for a path, when absent. */
   fullName?: string;
+  /** Runs the detected setup commands in this sandbox policy; without it, none run. */
+  setup?: SandboxPolicy;
 }
 
 /**
  * Connects a repository: its bare copy on the code host becomes its origin, its working copy goes into
  * the environment, and the environment config gets an entry with the checks its package.json offers.
  */
-export async function addRepository(db: Db, input: AddRepositoryInput): Promise<{ repository: RepositoryRow; spec: RepositorySpec }> {
+export async function addRepository(db: Db, input: AddRepositoryInput): Promise<{ repository: RepositoryRow; spec: RepositorySpec; setup: SetupResult[] }> {
   const source = input.source.trim();
   if (!source) throw ValidationError.field('source', 'must be a git URL or a path');
   const isUrl = fullNameFromUrl(source) !== null;
@@ -151,7 +195,9 @@ export async function addRepository(db: Db, input: AddRepositoryInput): Promise<
     const ignore = join(environment, '.gitignore');
     await writeFile(ignore, `${(await readFile(ignore, 'utf8')).trimEnd()}\n/${dir}/\n`);
     await publishEnvironment(environment, `Connect ${fullName}`);
-    return { repository, spec };
+    // A failed setup leaves the repository connected: the operator (or a dev_env run) repairs it.
+    const setup = input.setup ? await runSetup(environment, [spec], input.setup) : [];
+    return { repository, spec, setup };
   } catch (error) {
     await rm(workingCopy, { recursive: true, force: true });
     await host.removeRepository(workspace.id, fullName);

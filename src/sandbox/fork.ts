@@ -26,7 +26,8 @@ import { join, resolve } from 'node:path';
 export const FORK_NAME = /^[A-Za-z0-9_-]{1,64}$/;
 export const SANDBOX_ROOT = '/workspace';
 
-export type ForkMode = 'overlay' | 'clone';
+/** `direct` is no fork at all: the sandbox works on the directory itself (the environment's own setup). */
+export type ForkMode = 'overlay' | 'clone' | 'direct';
 
 /** What a sandboxed process sees of the host, read-only. */
 export const SYSTEM_DIRS = ['/usr', '/bin', '/sbin', '/lib', '/lib32', '/lib64', '/libx32', '/etc', '/opt'];
@@ -128,7 +129,7 @@ export interface ForkInfo {
 
 /** The fork's own files within its directory: the overlay's upper dir (its changes only), or the copy. */
 export function changesDirOf(info: Pick<ForkInfo, 'mode' | 'dir'>): string {
-  return info.mode === 'overlay' ? join(info.dir, 'upper') : join(info.dir, 'root');
+  return info.mode === 'overlay' ? join(info.dir, 'upper') : info.mode === 'direct' ? info.dir : join(info.dir, 'root');
 }
 
 export class Fork {
@@ -211,7 +212,7 @@ export class Fork {
   private commandLine(command: readonly string[], options: RunOptions): string[] {
     const { bwrap } = sandboxCapabilities();
     if (!bwrap && !this.policy.allowUnsandboxed) throw new SandboxUnavailableError();
-    const root = this.info.mode === 'overlay' ? join(this.info.dir, 'merged') : join(this.info.dir, 'root');
+    const root = this.info.mode === 'overlay' ? join(this.info.dir, 'merged') : this.info.mode === 'direct' ? this.info.dir : join(this.info.dir, 'root');
     // Without network access, a fork with a private network runs its command there (not in an empty one).
     const network = bwrap && !options.network ? this.privateNetworkPath() : null;
     const memoryMiB = options.memoryMiB ?? this.policy.memoryMiB;
@@ -400,6 +401,15 @@ function spawnLongRunningGroup(argv: readonly string[], env: Record<string, stri
       await killGroup(pid);
     },
   };
+}
+
+/**
+ * A sandbox over a directory itself, writable, with no fork in between: for the workspace environment's
+ * setup commands, which install dependencies into the environment that every fork then starts from.
+ */
+export function directSandbox(dir: string, policy: SandboxPolicy): Fork {
+  const path = resolve(dir);
+  return new Fork({ name: 'environment', mode: 'direct', base: path, dir: path }, policy);
 }
 
 /** Creates and removes forks under `forksRoot`. */
