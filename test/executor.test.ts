@@ -1,4 +1,6 @@
+import { execFileSync } from 'node:child_process';
 import { describe, expect, it } from 'vitest';
+import { SHUTDOWN_ERROR } from '../src/engine/executor.js';
 import type { FakeModel, ScriptedAnswer } from './support/fake-model.js';
 import type { Tenant } from './support/api.js';
 import { testDrivers } from './support/db.js';
@@ -49,5 +51,19 @@ describe.each(testDrivers)('the executor on %s', (driver) => {
     const failed = await settled(task.id);
     expect(failed.task.status).toBe('FAILED');
     expect(failed.latestJob.error).toBe('OPENAI_API_KEY is not set: the agent openai/gpt-5 needs it');
+  });
+
+  // Last: it stops this block's executor.
+  it('stops running jobs on shutdown, failing each with a message that says so', async () => {
+    const marker = `${Math.floor(Math.random() * 1e6) + 1000}.75`;
+    script.push({ toolCalls: [{ name: 'run_command', arguments: { command: `sleep ${marker}` } }] });
+    const { task } = (await tenant.request('POST', '/api/v1/tasks', { command: 'Take long', agent: 'openai-compatible/fake' })).json();
+    const sleeping = () => execFileSync('ps', ['-eo', 'args'], { encoding: 'utf8' }).includes(`sleep ${marker}`);
+    await engine.until(task.id, () => sleeping());
+    await Promise.all([engine.executor.stop(), engine.executor.stop()]);
+    expect(sleeping()).toBe(false);
+    const stopped = (await tenant.request('GET', `/api/v1/tasks/${task.id}`)).json();
+    expect(stopped.latestJob).toMatchObject({ status: 'FAILED', error: SHUTDOWN_ERROR });
+    expect(stopped.task.status).toBe('FAILED');
   });
 });

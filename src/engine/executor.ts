@@ -42,9 +42,12 @@ export interface ExecutorOptions {
   logger: Logger;
 }
 
+export const SHUTDOWN_ERROR = 'The service shut down while this job ran; it was stopped. Send a follow-up message to run it again.';
+
 export class Executor {
   private readonly codeHost: LocalCodeHost;
   private stopped = false;
+  private stopping: Promise<void> | null = null;
   private wake: (() => void) | null = null;
   private readonly unlisten: Array<() => Promise<void>> = [];
   private readonly slots: Promise<void>[] = [];
@@ -62,13 +65,19 @@ export class Executor {
     for (let slot = 0; slot < this.options.concurrency; slot++) this.slots.push(this.loop());
   }
 
-  /** Stops claiming, aborts running jobs (they end FAILED or stay with a new owner's lease) and waits. */
-  async stop(): Promise<void> {
-    this.stopped = true;
-    for (const { controller } of this.running.values()) controller.abort();
-    this.wake?.();
-    await Promise.all(this.slots);
-    await Promise.all(this.unlisten.map((stop) => stop()));
+  /**
+   * Stops claiming, stops the running jobs (each ends FAILED, saying the service shut down) and waits.
+   * Calling it again waits for the same stop.
+   */
+  stop(): Promise<void> {
+    this.stopping ??= (async () => {
+      this.stopped = true;
+      for (const { controller } of this.running.values()) controller.abort();
+      this.wake?.();
+      await Promise.all(this.slots);
+      await Promise.all(this.unlisten.map((stop) => stop()));
+    })();
+    return this.stopping;
   }
 
   private recheck(taskId: string): void {
@@ -132,14 +141,18 @@ export class Executor {
       }
     };
     try {
-      const result = await this.run(job, emit, controller.signal, (parsed) => (agent = parsed));
+      const ran = await this.run(job, emit, controller.signal, (parsed) => (agent = parsed));
+      // Stopped by a shutdown rather than by its task: say so, rather than what the abort did to the run.
+      const result: JobResult = this.stopped && controller.signal.aborted ? { status: 'FAILED', error: SHUTDOWN_ERROR } : ran;
       await finishJob(db, job.id, job.generation, result);
       if (result.status === 'COMPLETED' && (result.finalAnswer ?? result.plan)) {
         await insertMessage(db, { taskId: job.taskId, role: 'agent', body: result.plan ?? result.finalAnswer ?? '' });
       }
       log.info({ status: result.status }, 'job finished');
     } catch (error) {
-      if (error instanceof StaleGenerationError || controller.signal.aborted) {
+      if (this.stopped && !(error instanceof StaleGenerationError)) {
+        await finishJob(db, job.id, job.generation, { status: 'FAILED', error: SHUTDOWN_ERROR }).catch(() => undefined);
+      } else if (error instanceof StaleGenerationError || controller.signal.aborted) {
         log.info('job was cancelled or taken over; its result is dropped');
       } else {
         log.error({ err: error }, 'job failed');
