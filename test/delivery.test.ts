@@ -225,4 +225,30 @@ describe.each(testDrivers)('delivery on %s', (driver) => {
     const { repositories } = await readEnvironmentConfig(environmentDir(engine.api.dataDir, engine.tenant.workspace.id));
     expect(repositories.find((repository) => repository.dir === 'tamper')!.checks).toEqual([{ name: 'test', command: 'npm test', timeoutSeconds: 600 }]);
   });
+
+  it("does not reuse a task's fork after a merge changed the environment under it", async () => {
+    await engine.connect(sampleRepository('drift'), 'acme/drift');
+    // Task A commits in its fork and stops to ask.
+    engine.script.push({ toolCalls: [{ name: 'run_command', arguments: { command: 'cd drift && echo a > a.txt && git add -A && git -c user.name=a -c user.email=a@a commit -qm a' } }] }, { toolCalls: [{ name: 'ask_user', arguments: { question: 'Go on?' } }] });
+    const a = await create({ command: 'Task A' });
+    expect((await engine.settled(a.id)).task.status).toBe('AWAITING_INPUT');
+    // Task B changes the greeting, and a person merges it: the environment moves on.
+    engine.script.push({ toolCalls: [{ name: 'write_file', arguments: { path: 'drift/greeting.txt', content: 'hello\n' } }] }, { toolCalls: [{ name: 'finish', arguments: { summary: 'B done.' } }] });
+    const b = await create({ command: 'Task B' });
+    expect((await engine.settled(b.id)).task.status).toBe('IN_REVIEW');
+    expect((await engine.tenant.request('POST', '/api/v1/repos/acme/drift/pulls/1/merge')).statusCode).toBe(200);
+
+    // A's follow-up starts from the merged environment, and its pull request holds only its own change.
+    engine.script.push(
+      { toolCalls: [{ name: 'run_command', arguments: { command: 'cat drift/greeting.txt; echo a2 > drift/a.txt' } }] },
+      { toolCalls: [{ name: 'finish', arguments: { summary: 'A done.' } }] },
+    );
+    await engine.tenant.request('POST', `/api/v1/tasks/${a.id}/messages`, { message: 'Yes' });
+    expect((await engine.settled(a.id)).task.status).toBe('IN_REVIEW');
+    const results = journal((await engine.tenant.request('GET', `/api/v1/tasks/${a.id}/logs`)).body).filter((event) => event.kind === 'tool_result');
+    expect(String(results.at(-2)!.data.output)).toContain('hello');
+    const { diff } = await get('/api/v1/repos/acme/drift/pulls/2');
+    expect(diff).toContain('+a2');
+    expect(diff).not.toContain('greeting.txt');
+  });
 });

@@ -182,7 +182,9 @@ export class ForkLifecycle {
   /** The claimed fork's files: its directory as it is, restored from its archive, or made fresh. */
   private async materialize(manager: ForkManager, row: ForkRow, previous: string, environment: string): Promise<{ fork: Fork; fresh: boolean }> {
     const mode = row.mode as ForkMode;
-    if (previous !== 'deleted') {
+    if (previous !== 'deleted' && manager.isStale(row.name, environment)) {
+      this.options.logger.warn({ fork: row.name, workspaceId: row.workspaceId }, 'the environment changed under this fork; starting a fresh fork');
+    } else if (previous !== 'deleted') {
       if (existsSync(manager.dirOf(row.name))) {
         // An archive beside the directory is left by a crash between a restore's rename and its cleanup.
         await rm(manager.archiveOf(row.name), { force: true });

@@ -9,6 +9,7 @@ import { taskStatesInto } from '../domain/states.js';
 import { git } from '../codehost/git.js';
 import { ConflictError, NotFoundError } from '../domain/errors.js';
 import { environmentDir } from '../sandbox/environment.js';
+import { bumpEnvironmentVersion } from '../sandbox/fork.js';
 import type { Db } from '../store/db.js';
 import { findPullRequest, listPullRequests, setPullRequestState, taskPullRequests } from '../store/pull-requests.js';
 import { findRepository, listRepositories, type RepositoryRow } from '../store/repositories.js';
@@ -96,6 +97,8 @@ async function refreshWorkingCopy(deps: PullRequestDeps, workspaceId: string, fu
   const workingCopy = join(environmentDir(deps.dataDir, workspaceId), repository.dir);
   try {
     await git(['fetch', '--quiet', 'origin'], { cwd: workingCopy });
+    // Forks made from the environment as it was must not see it change under them.
+    await bumpEnvironmentVersion(environmentDir(deps.dataDir, workspaceId));
     await git(['merge', '--quiet', '--ff-only', `origin/${repository.defaultBranch}`], { cwd: workingCopy });
   } catch {
     // The merge is done on the code host either way; the next `dev_env` run or operator can update it.

@@ -14,7 +14,7 @@ import { ConflictError, NotFoundError, ValidationError } from '../domain/errors.
 import type { Db } from '../store/db.js';
 import { findRepository, insertRepository, listRepositories, type RepositoryRow } from '../store/repositories.js';
 import { findWorkspaceByName, type Workspace } from '../store/workspaces.js';
-import { directSandbox, type SandboxPolicy } from '../sandbox/fork.js';
+import { bumpEnvironmentVersion, directSandbox, type SandboxPolicy } from '../sandbox/fork.js';
 import {
   environmentDir,
   readEnvironmentConfig,
@@ -128,6 +128,7 @@ const SETUP_TIMEOUT_MS = 30 * 60_000;
 export async function runSetup(environment: string, specs: readonly RepositorySpec[], policy: SandboxPolicy): Promise<SetupResult[]> {
   const sandbox = directSandbox(environment, policy);
   const results: SetupResult[] = [];
+  if (specs.some((spec) => spec.setup.length > 0)) await bumpEnvironmentVersion(environment);
   for (const spec of specs) {
     for (const command of spec.setup) {
       const result = await sandbox.run(['sh', '-c', `exec 2>&1\n${command}`], { cwd: spec.dir, network: true, timeoutMs: SETUP_TIMEOUT_MS });

@@ -19,7 +19,7 @@
  * an empty one each, so they reach the dev servers on 127.0.0.1 and nothing else.
  */
 import { spawn, spawnSync } from 'node:child_process';
-import { cp, mkdir, readdir, rename, rm, stat } from 'node:fs/promises';
+import { cp, mkdir, readdir, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { existsSync, readdirSync, readFileSync, readlinkSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 
@@ -443,6 +443,7 @@ export class ForkManager {
       await mkdir(join(dir, 'upper'), { recursive: true });
       await mkdir(join(dir, 'work'));
       await mkdir(join(dir, 'merged'));
+      await writeFile(`${dir}${LOWER_VERSION_SUFFIX}`, environmentVersion(environment));
     } else {
       this.log(`fork ${name}: overlay mounts are unavailable here; copying the environment (git clone --local --shared)`);
       await copyEnvironment(environment, join(dir, 'root'));
@@ -459,10 +460,20 @@ export class ForkManager {
     await rm(fork.info.dir, { recursive: true, force: true });
   }
 
+  /**
+   * Whether the environment under the overlay fork `name` changed since the fork was made (a merge, a
+   * setup): overlayfs does not support a lower layer that changes, and the fork's view of its
+   * repositories would mix its own state with the new files, so such a fork must not be used again.
+   */
+  isStale(name: string, base: string): boolean {
+    const path = `${this.dirOf(name)}${LOWER_VERSION_SUFFIX}`;
+    return existsSync(path) && readFileSync(path, 'utf8') !== environmentVersion(resolve(base));
+  }
+
   /** Removes whatever the fork `name` has here: its directory, its archive, a restore under way. */
   async removeAll(name: string): Promise<void> {
     const dir = this.dirOf(name);
-    for (const path of [dir, `${dir}${RESTORING_SUFFIX}`, this.archiveOf(name)]) await rm(path, { recursive: true, force: true });
+    for (const path of [dir, `${dir}${RESTORING_SUFFIX}`, `${dir}${LOWER_VERSION_SUFFIX}`, this.archiveOf(name)]) await rm(path, { recursive: true, force: true });
     await this.removeTemporaryArchives(name);
   }
 
@@ -522,6 +533,21 @@ export class ForkManager {
 }
 
 const ARCHIVE_SUFFIX = '.tar.gz';
+/** Beside a fork: the version of the environment it was made from. */
+const LOWER_VERSION_SUFFIX = '.lower-version';
+
+/** The environment's version: changed by every change made to it in place (`bumpEnvironmentVersion`). */
+export function environmentVersion(environment: string): string {
+  const path = `${environment}.version`;
+  return existsSync(path) ? readFileSync(path, 'utf8') : '0';
+}
+
+/** Marks a change made to the environment in place: forks made from it before are stale from now on. */
+export async function bumpEnvironmentVersion(environment: string): Promise<void> {
+  const path = `${resolve(environment)}.version`;
+  await writeFile(`${path}.tmp`, `${Date.now()}-${Math.random().toString(36).slice(2)}`);
+  await rename(`${path}.tmp`, path);
+}
 const RESTORING_SUFFIX = '.restoring';
 
 async function runTar(args: string[]): Promise<void> {
