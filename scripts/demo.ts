@@ -64,7 +64,8 @@ async function main(): Promise<void> {
   const root = mkdtempSync(join(tmpdir(), 'svc-demo-'));
   const model = await startFakeModel([...SCRIPT]);
   process.env.OPENAI_COMPATIBLE_BASE_URL = model.baseUrl;
-  const config = loadConfig({ dataDir: join(root, 'data'), port: 0, logLevel: 'warn', defaultAgent: AGENT });
+  // Always the embedded database in its own directory, whatever DATABASE_URL says around it.
+  const config = loadConfig({ dataDir: join(root, 'data'), port: 0, logLevel: 'warn', defaultAgent: AGENT }, { ...process.env, DATABASE_URL: undefined });
   const service = await startService(config, pino({ level: 'warn' }));
   try {
     const key = service.bootstrapKey!;

@@ -168,7 +168,7 @@ describe.each(testDrivers)('fork lifecycle on %s', (driver) => {
     expect(existsSync(dirOf(host, task.slug))).toBe(false);
     expect(existsSync(`${dirOf(host, task.slug)}.tar.gz`)).toBe(true);
     // Nothing else is left beside it: no temporary file, no half-restored directory.
-    expect(readdirSync(join(forksRootOf(host), workspaceId)).filter((entry) => entry.startsWith(task.slug))).toEqual([`${task.slug}.tar.gz`]);
+    expect(readdirSync(join(forksRootOf(host), workspaceId)).filter((entry) => entry.startsWith(task.slug))).toEqual([`${task.slug}.lower-version`, `${task.slug}.tar.gz`]);
 
     expect(await tickUntil([forksOf], task.slug, 'deleted')).toEqual({ stopped: 0, archived: 0, deleted: 1 });
     expect(existsSync(`${dirOf(host, task.slug)}.tar.gz`)).toBe(false);
@@ -239,7 +239,7 @@ describe.each(testDrivers)('fork lifecycle on %s', (driver) => {
     writeFileSync(`${dirOf(host, task.slug)}.tar.gz.999-1.tmp`, 'partial');
     expect(await tickUntil([forksOf], task.slug, 'archived')).toEqual({ stopped: 0, archived: 1, deleted: 0 });
     expect(existsSync(dirOf(host, task.slug))).toBe(false);
-    expect(readdirSync(join(forksRootOf(host), workspaceId))).toEqual([`${task.slug}.tar.gz`]);
+    expect(readdirSync(join(forksRootOf(host), workspaceId))).toEqual([`${task.slug}.lower-version`, `${task.slug}.tar.gz`]);
     const restored = await acquire(forksOf, task);
     expect(await sh(restored.fork, 'cat web/a.txt')).toBe('survived\n');
     await forksOf.release(restored.fork);

@@ -101,12 +101,17 @@ describe.each(testDrivers)('the job queue on %s', (driver) => {
 
   it('wakes listeners when a job is queued', async () => {
     const received: string[] = [];
-    let arrived!: () => void;
-    const notified = new Promise<void>((resolve) => (arrived = resolve));
-    const stop = await api.db.database.listen(JOBS_CHANNEL, (payload) => {
-      received.push(payload);
-      arrived();
-    });
+    const stop = await api.db.database.listen(JOBS_CHANNEL, (payload) => received.push(payload));
+    try {
+      const { jobId } = await newTask('wake up');
+      // Channels are database-wide: other test files' jobs may be heard as well; ours must be among them.
+      for (let waited = 0; !received.includes(jobId) && waited < 10_000; waited += 20) await new Promise((resolve) => setTimeout(resolve, 20));
+      expect(received).toContain(jobId);
+    } finally {
+      await stop();
+    }
+  });
+});
     try {
       const { jobId } = await newTask('wake up');
       await Promise.race([notified, new Promise((_, reject) => setTimeout(() => reject(new Error('no notification in 10 s')), 10_000))]);
