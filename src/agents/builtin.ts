@@ -5,6 +5,7 @@
 import { generateText, hasToolCall, stepCountIs, tool, type LanguageModel, type ModelMessage, type ToolSet } from 'ai';
 import { z } from 'zod';
 import type { TaskMode } from '../protocol/rest.js';
+import { isReadOnlyMode } from '../domain/agents.js';
 import { EFFORT, modelCallSettings } from './effort.js';
 import type { AgentEvent, Harness, RunManifest, RunOutcome, Workspace } from './types.js';
 
@@ -96,7 +97,7 @@ export class BuiltinHarness implements Harness {
         return output;
       }
     };
-    const readOnly = mode === 'ask' || mode === 'plan';
+    const readOnly = isReadOnlyMode(mode);
     const Path = z.string().describe('Path relative to /workspace');
     const set: ToolSet = {
       list_files: tool({

@@ -9,9 +9,9 @@
  * In plan mode the plan is the input of the `ExitPlanMode` call, which print mode denies, so the run ends.
  * `AskUserQuestion` is disallowed: print mode would deny it anyway; questions follow cli-harness.ts.
  */
-import type { AgentId } from '../domain/agents.js';
+import { isReadOnlyMode, type AgentId } from '../domain/agents.js';
 import { clip } from './builtin.js';
-import { cliEnv, cliInstructions, cliPrompt, field, isReadOnly, isRecord, outcomeOfFinalText, runCli, type StreamTranslator } from './cli-harness.js';
+import { cliEnv, cliInstructions, cliPrompt, field, isRecord, outcomeOfFinalText, runCli, type StreamTranslator } from './cli-harness.js';
 import { EFFORT } from './effort.js';
 import type { AgentEvent, Harness, RunManifest, RunOutcome } from './types.js';
 
@@ -27,7 +27,7 @@ export class ClaudeCodeHarness implements Harness {
 
   run(manifest: RunManifest, emit: (event: AgentEvent) => Promise<void>): Promise<RunOutcome> {
     const budget = EFFORT[manifest.effort];
-    const readOnly = isReadOnly(manifest.mode);
+    const readOnly = isReadOnlyMode(manifest.mode);
     const argv = [
       '-p',
       '--output-format', 'stream-json',

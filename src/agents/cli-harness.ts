@@ -35,8 +35,6 @@ const CLI_MODE_PROMPT: Record<TaskMode, string> = {
     'installs and runs cleanly. End with what you repaired.',
 };
 
-export const isReadOnly = (mode: TaskMode): boolean => mode === 'ask' || mode === 'plan';
-
 /** The mode's instructions, then the routing config's, for a CLI's system prompt (or the head of its prompt). */
 export function cliInstructions(manifest: RunManifest): string {
   return [CLI_MODE_PROMPT[manifest.mode], UNATTENDED, manifest.instructions].filter(Boolean).join('\n\n');

@@ -11,9 +11,9 @@
  * vocabulary has no place for them. A `request_user_input` event, or a final `QUESTION:` message (see
  * cli-harness.ts), ends the run with a question.
  */
-import type { AgentId } from '../domain/agents.js';
+import { isReadOnlyMode, type AgentId } from '../domain/agents.js';
 import { clip } from './builtin.js';
-import { cliEnv, cliInstructions, cliPrompt, field, isReadOnly, outcomeOfFinalText, runCli, type StreamTranslator } from './cli-harness.js';
+import { cliEnv, cliInstructions, cliPrompt, field, outcomeOfFinalText, runCli, type StreamTranslator } from './cli-harness.js';
 import { EFFORT } from './effort.js';
 import type { AgentEvent, Harness, RunManifest, RunOutcome } from './types.js';
 
@@ -36,7 +36,7 @@ export class CodexHarness implements Harness {
       '--model', manifest.agent.model,
       // /workspace holds the repositories; it is not one itself.
       '--skip-git-repo-check',
-      ...(isReadOnly(manifest.mode) ? ['--sandbox', 'read-only'] : ['--dangerously-bypass-approvals-and-sandbox']),
+      ...(isReadOnlyMode(manifest.mode) ? ['--sandbox', 'read-only'] : ['--dangerously-bypass-approvals-and-sandbox']),
       '-c', `model_reasoning_effort=${EFFORT[manifest.effort].reasoning}`,
       '-',
     ];

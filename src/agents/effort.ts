@@ -18,15 +18,17 @@ export interface EffortBudget {
   reasoning: ReasoningEffort;
   /** Anthropic extended-thinking budget per call. */
   thinkingTokens: number;
+  /** Rounds of a `goal` run: the agent, then the goal's check. */
+  goalIterations: number;
 }
 
 export const EFFORT: Record<Effort, EffortBudget> = {
-  low: { steps: 10, maxOutputTokens: 8_000, reasoning: 'low', thinkingTokens: 2_048 },
-  medium: { steps: 25, maxOutputTokens: 16_000, reasoning: 'medium', thinkingTokens: 8_000 },
-  high: { steps: 50, maxOutputTokens: 32_000, reasoning: 'high', thinkingTokens: 16_000 },
-  xhigh: { steps: 100, maxOutputTokens: 32_000, reasoning: 'xhigh', thinkingTokens: 32_000 },
+  low: { steps: 10, maxOutputTokens: 8_000, reasoning: 'low', thinkingTokens: 2_048, goalIterations: 2 },
+  medium: { steps: 25, maxOutputTokens: 16_000, reasoning: 'medium', thinkingTokens: 8_000, goalIterations: 3 },
+  high: { steps: 50, maxOutputTokens: 32_000, reasoning: 'high', thinkingTokens: 16_000, goalIterations: 5 },
+  xhigh: { steps: 100, maxOutputTokens: 32_000, reasoning: 'xhigh', thinkingTokens: 32_000, goalIterations: 8 },
   // Only claude-code offers it (domain/agents.ts); the row still exists so that lookups stay total.
-  ultracode: { steps: 150, maxOutputTokens: 64_000, reasoning: 'xhigh', thinkingTokens: 48_000 },
+  ultracode: { steps: 150, maxOutputTokens: 64_000, reasoning: 'xhigh', thinkingTokens: 48_000, goalIterations: 10 },
 };
 
 /**

@@ -54,6 +54,30 @@ export function modeOfIntent(intent: UserIntent): TaskMode {
   }
 }
 
+/** The mode a job of this type runs in (the inverse of jobTypeOfMode, plus an approved plan's implementation). */
+export function modeOfJobType(type: JobType): TaskMode {
+  switch (type) {
+    case 'SWE':
+    case 'IMPLEMENT_PLAN':
+      return 'agent';
+    case 'PLAN':
+      return 'plan';
+    case 'ASK':
+      return 'ask';
+    case 'GOAL':
+      return 'goal';
+    case 'DEV_ENVIRONMENT':
+      return 'dev_env';
+    default:
+      return assertNever(type);
+  }
+}
+
+/** Modes that change nothing: the agent gets no write tools and a read-only fork, and nothing is delivered. */
+export function isReadOnlyMode(mode: TaskMode): boolean {
+  return mode === 'ask' || mode === 'plan';
+}
+
 export function jobTypeOfMode(mode: TaskMode | RoutingMode): JobType {
   switch (mode) {
     case 'agent':

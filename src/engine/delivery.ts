@@ -9,7 +9,7 @@
 import { constants, createWriteStream } from 'node:fs';
 import { Transform } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
-import { copyFile, mkdir, mkdtemp, open, realpath, rm } from 'node:fs/promises';
+import { mkdir, mkdtemp, open, realpath, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { LocalCodeHost } from '../codehost/local.js';
@@ -183,14 +183,13 @@ export async function restoreBranch(
   host: LocalCodeHost,
   input: { workspaceId: string; fullName: string; dir: string; branch: string; base: string; bundleName: string },
 ): Promise<boolean> {
+  // A fresh fork runs nothing yet, so the transfer dir made here is ours: the bundle is written into it.
   await clearTransfers(fork);
   const dir = join(fork.changesDir, TRANSFER_DIR);
   await mkdir(dir);
-  const staging = await mkdtemp(join(tmpdir(), 'svc-bundle-'));
   try {
-    const head = await host.bundleBranch(input.workspaceId, input.fullName, input.branch, input.base, join(staging, input.bundleName));
+    const head = await host.bundleBranch(input.workspaceId, input.fullName, input.branch, input.base, join(dir, input.bundleName));
     if (!head) return false;
-    await copyFile(join(staging, input.bundleName), join(dir, input.bundleName));
     const script = [
       'set -e',
       'cd "/workspace/$1"',
@@ -200,7 +199,6 @@ export async function restoreBranch(
     await checked(fork, ['sh', '-c', script, 'sh', input.dir, input.branch, input.bundleName]);
     return true;
   } finally {
-    await rm(staging, { recursive: true, force: true });
     await clearTransfers(fork);
   }
 }

@@ -10,8 +10,9 @@ import type { Logger } from 'pino';
 import { forkWorkspace } from '../agents/fork-workspace.js';
 import type { AgentEvent, Harness, RunManifest, RunOutcome } from '../agents/types.js';
 import type { LocalCodeHost } from '../codehost/local.js';
-import type { AgentId } from '../domain/agents.js';
-import type { Effort, TaskMode } from '../protocol/rest.js';
+import { isReadOnlyMode, modeOfJobType, type AgentId } from '../domain/agents.js';
+import type { Effort, JobType, TaskMode } from '../protocol/rest.js';
+import { EFFORT } from '../agents/effort.js';
 import { parseEnvironmentConfig, readEnvironmentConfig, type CheckSpec, type EnvironmentConfig } from '../sandbox/environment.js';
 import type { Fork } from '../sandbox/fork.js';
 import { creditBalance } from '../store/credits.js';
@@ -53,8 +54,6 @@ export interface JobRunDeps {
 
 /** Extra agent rounds after failed checks in `agent` and `dev_env` mode. */
 export const CHECK_FIX_ROUNDS = 2;
-/** Iterations of a `goal` run by effort: agent, then the goal's check. */
-export const GOAL_ITERATIONS: Record<Effort, number> = { low: 2, medium: 3, high: 5, xhigh: 8, ultracode: 10 };
 /** A goal's check, written on a line of the task: `check: npm test -- login`. */
 const GOAL_CHECK = /^\s*(?:goal\s+)?check:\s*(.+?)\s*$/im;
 /** The proofs key of a goal's own check (no repository directory is empty). */
@@ -69,29 +68,19 @@ export function goalCheckOf(messages: readonly string[]): string | null {
   return null;
 }
 
+/** What the last round of a run found: the changed repositories, their checks' proofs, whether all passed. */
+interface Checked {
+  proofs: Map<string, CheckProof[]>;
+  changed: Target[];
+  goalReached: boolean;
+  rounds: number;
+}
+
 /** A repository of the workspace, its directory in the fork, and the commits the code host has of it. */
 interface Target {
   repository: RepositoryRow;
   dir: string;
   known: string[];
-}
-
-export function modeOfJob(type: string, taskMode: TaskMode): TaskMode {
-  switch (type) {
-    case 'PLAN':
-      return 'plan';
-    case 'ASK':
-      return 'ask';
-    case 'GOAL':
-      return 'goal';
-    case 'DEV_ENVIRONMENT':
-      return 'dev_env';
-    case 'SWE':
-    case 'IMPLEMENT_PLAN':
-      return 'agent';
-    default:
-      return taskMode;
-  }
 }
 
 export function resultOf(outcome: RunOutcome): JobResult {
@@ -126,8 +115,8 @@ export class JobRun {
     private readonly deps: JobRunDeps,
     private readonly input: RunInput,
   ) {
-    this.mode = modeOfJob(input.job.type, input.task.mode as TaskMode);
-    this.readOnly = this.mode === 'ask' || this.mode === 'plan';
+    this.mode = modeOfJobType(input.job.type as JobType);
+    this.readOnly = isReadOnlyMode(this.mode);
   }
 
   async execute(): Promise<JobResult> {
@@ -147,7 +136,7 @@ export class JobRun {
       devServers = (await this.deps.startDevServers?.(fork, config, { network: config.network, signal: this.input.signal })) ?? null;
       const { outcome, checks } = await this.agentRounds(fork, config, targets, devServers);
       if (this.readOnly || outcome.status !== 'completed') return resultOf(outcome);
-      const delivered = await this.deliver(fork, targets, open, checks, outcome.answer);
+      const delivered = await this.deliver(fork, checks, outcome.answer);
       const result = resultOf(outcome);
       if (this.mode === 'goal' && !checks.goalReached) {
         return { ...result, status: 'FAILED', error: `the goal's check did not hold after ${checks.rounds} iterations${delivered ? '; the pull requests hold the last attempt' : ''}` };
@@ -241,30 +230,28 @@ export class JobRun {
     config: EnvironmentConfig,
     targets: Target[],
     devServers: DevServers | null,
-  ): Promise<{ outcome: RunOutcome; checks: { proofs: Map<string, CheckProof[]>; goalReached: boolean; rounds: number } }> {
+  ): Promise<{ outcome: RunOutcome; checks: Checked }> {
     const { harness, emit, job, signal } = this.input;
     const manifest = await this.manifest(fork, config, devServers);
     const effort = manifest.effort;
     const goalCheck = this.mode === 'goal' ? goalCheckOf([manifest.input, ...manifest.history.filter((turn) => turn.role === 'user').map((turn) => turn.content).reverse()]) : null;
-    const rounds = this.mode === 'goal' ? GOAL_ITERATIONS[effort] : 1 + CHECK_FIX_ROUNDS;
-    let proofs = new Map<string, CheckProof[]>();
+    const rounds = this.mode === 'goal' ? EFFORT[effort].goalIterations : 1 + CHECK_FIX_ROUNDS;
     let outcome: RunOutcome = { status: 'failed', error: 'the agent did not run' };
-    for (let round = 1; round <= rounds; round++) {
+    for (let round = 1; ; round++) {
       outcome = await harness.run(manifest, emit);
-      if (outcome.status !== 'completed' || this.readOnly) return { outcome, checks: { proofs, goalReached: false, rounds: round } };
+      if (outcome.status !== 'completed' || this.readOnly) return { outcome, checks: { proofs: new Map(), changed: [], goalReached: false, rounds: round } };
       const changed = await this.changedRepositories(fork, targets);
-      proofs = await this.verify(fork, config, changed, goalCheck, round, devServers);
+      const proofs = await this.verify(fork, config, changed, goalCheck, round, devServers);
       const failed = [...proofs.values()].flat().filter((proof) => !proof.passed);
-      const goalReached = failed.length === 0;
-      if (goalReached || round === rounds || signal.aborted) return { outcome, checks: { proofs, goalReached, rounds: round } };
+      const checks = { proofs, changed, goalReached: failed.length === 0, rounds: round };
+      if (checks.goalReached || round >= rounds || signal.aborted) return { outcome, checks };
       if (this.mode === 'goal' && (await creditBalance(this.deps.db, job.workspaceId)) <= 0) {
         await emit({ kind: 'message', data: { text: 'The workspace ran out of credits; the goal iterations stop here.' } });
-        return { outcome, checks: { proofs, goalReached, rounds: round } };
+        return { outcome, checks };
       }
       manifest.history = [...manifest.history, { role: 'user', content: manifest.input }, { role: 'assistant', content: outcome.answer }];
       manifest.input = failureReport(failed, this.mode === 'goal');
     }
-    return { outcome, checks: { proofs, goalReached: false, rounds } };
   }
 
   /** The repositories whose fork has uncommitted changes or commits the code host does not have. */
@@ -298,13 +285,13 @@ export class JobRun {
     return proofs;
   }
 
-  /** Commits, pushes and opens or updates a pull request for each repository the run changed. */
-  private async deliver(fork: Fork, targets: Target[], open: PullRequestRow[], checks: { proofs: Map<string, CheckProof[]> }, summary: string): Promise<number> {
+  /** Commits, pushes and opens or updates a pull request for each repository the last round found changed. */
+  private async deliver(fork: Fork, checks: Checked, summary: string): Promise<number> {
     const { db, codeHost, publicUrl } = this.deps;
     const { job, task, emit, signal } = this.input;
     const branch = branchOf(task);
     let delivered = 0;
-    for (const target of await this.changedRepositories(fork, targets)) {
+    for (const target of checks.changed) {
       const { repository } = target;
       const baseSha = await codeHost.resolve(repository.workspaceId, repository.fullName, `refs/heads/${repository.defaultBranch}`);
       if (!baseSha) throw new Error(`${repository.fullName} has no ${repository.defaultBranch} branch on the code host`);

@@ -40,7 +40,7 @@ export async function getPullRequest(deps: PullRequestDeps, caller: Caller, full
   const pullRequest = await findPullRequest(deps.db, caller.workspaceId, fullName, number);
   if (!pullRequest) throw pullRequestNotFound();
   const host = new LocalCodeHost(deps.dataDir);
-  const diff = pullRequest.baseSha && pullRequest.headSha ? await host.diff(caller.workspaceId, fullName, pullRequest.baseSha, pullRequest.headSha).catch(() => '') : '';
+  const diff = pullRequest.baseSha && pullRequest.headSha ? await host.diff(caller.workspaceId, fullName, pullRequest.baseSha, pullRequest.headSha) : '';
   return { pullRequest, diff };
 }
 

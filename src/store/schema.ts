@@ -3,6 +3,7 @@
  * (`npm run db:generate`) and committed; drizzle/meta holds the resulting schema snapshot for review.
  */
 import { relations, sql } from 'drizzle-orm';
+import type { CheckProof } from '../protocol/rest.js';
 import {
   bigint,
   check,
@@ -220,17 +221,8 @@ export const repositories = pgTable(
   ],
 );
 
-/** One check's run as recorded in a pull request's proof. */
-export interface CheckProof {
-  name: string;
-  command: string;
-  passed: boolean;
-  exitCode: number | null;
-  timedOut: boolean;
-  durationMs: number;
-  /** The last lines of its output. */
-  outputTail: string;
-}
+/** A check's run as a pull request's proof records it: the wire shape, stored as it is. */
+export type { CheckProof };
 
 export const pullRequests = pgTable(
   'pull_requests',
