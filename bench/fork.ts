@@ -169,7 +169,8 @@ function forkOnce(forks: ForkManager, environment: string, mode: ForkMode, remov
  */
 async function profile(forks: ForkManager, environment: string): Promise<Array<{ step: string; latency: Latency }>> {
   const fork: Fork = await forks.create('bench-profile', environment, { mode: 'overlay' });
-  const { base, dir } = fork.info;
+  const { dir } = fork.info;
+  const base = fork.info.lower.layers[0]!;
   const merged = join(dir, 'merged');
   const unshare = ['unshare', '-m', '--propagation', 'private'];
   const mount = `mount -t overlay overlay -o "lowerdir=${base},upperdir=${join(dir, 'upper')},workdir=${join(dir, 'work')}" "${merged}" || exit 125`;

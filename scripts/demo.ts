@@ -69,7 +69,7 @@ async function main(): Promise<void> {
   const service = await startService(config, pino({ level: 'warn' }));
   try {
     const key = service.bootstrapKey!;
-    const { repository } = await admin.addRepository(service.database.db, { dataDir: config.dataDir, workspace: 'default', source: sampleRepository(root), fullName: 'demo/greeter' });
+    const { repository } = await admin.addRepository(service.database.db, service.environments, { workspace: 'default', source: sampleRepository(root), fullName: 'demo/greeter', setup: false });
     console.log(`svc is running at ${service.url} on a fresh database in ${root}`);
     console.log(`Connected ${repository.fullName}; its check is \`npm test\` (it fails: the greeting is wrong).\n`);
 

@@ -1,14 +1,17 @@
 import { execFileSync } from 'node:child_process';
-import { chmodSync, copyFileSync, mkdirSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { chmodSync, copyFileSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { createServer, type IncomingHttpHeaders } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { BuiltinHarness } from '../src/agents/builtin.js';
 import { ClaudeCodeHarness } from '../src/agents/claude-code.js';
 import { CodexHarness } from '../src/agents/codex.js';
+import { CredentialProxy } from '../src/agents/credential-proxy.js';
 import { forkWorkspace } from '../src/agents/fork-workspace.js';
 import { ModelConfigError } from '../src/agents/models.js';
-import { harnessFor } from '../src/agents/registry.js';
+import { harnessFor, type HarnessOptions } from '../src/agents/registry.js';
 import type { AgentEvent, RunManifest } from '../src/agents/types.js';
 import { parseAgentId, type AgentId } from '../src/domain/agents.js';
 import { ForkManager, type Fork } from '../src/sandbox/fork.js';
@@ -26,6 +29,8 @@ const env = {
   SVC_CODEX_COMMAND: '/workspace/.bin/codex',
 };
 let forkCount = 0;
+const proxy = new CredentialProxy();
+afterAll(() => proxy.close());
 
 // A stand-in for both CLIs inside the sandbox: it records how it was called, replays the stream the test
 // put next to it, and can fail on stderr, exit with a code, or hang (to be stopped).
@@ -35,6 +40,7 @@ printf '%s\\0' "$@" > /workspace/.calls/argv
 env | sort > /workspace/.calls/env
 cat > /workspace/.calls/stdin
 cat /workspace/.bin/stream.jsonl
+if [ -f /workspace/.bin/call-provider ]; then sh /workspace/.bin/call-provider; fi
 if [ -f /workspace/.bin/stderr ]; then cat /workspace/.bin/stderr >&2; fi
 if [ -f /workspace/.bin/hang ]; then sleep 61.7; fi
 exit "$(cat /workspace/.bin/exit-code 2>/dev/null || echo 0)"
@@ -54,12 +60,13 @@ interface Scenario {
   fixture: string;
   agent?: AgentId;
   harnessEnv?: NodeJS.ProcessEnv;
+  harnessOptions?: HarnessOptions;
   files?: Record<string, string>;
   abortAfterMs?: number;
   manifest?: Partial<RunManifest>;
 }
 
-async function run({ fixture, agent = claude, harnessEnv = env, files = {}, abortAfterMs, manifest = {} }: Scenario) {
+async function run({ fixture, agent = claude, harnessEnv = env, harnessOptions = { credentialProxy: proxy }, files = {}, abortAfterMs, manifest = {} }: Scenario) {
   const fork: Fork = await forks.create(`cli-${++forkCount}`, environment);
   mkdirSync(join(fork.changesDir, '.bin'), { recursive: true });
   copyFileSync(join(fixtures, fixture), join(fork.changesDir, '.bin', 'stream.jsonl'));
@@ -68,7 +75,7 @@ async function run({ fixture, agent = claude, harnessEnv = env, files = {}, abor
   const workspace = forkWorkspace(fork, { network: false, signal: controller.signal });
   const events: AgentEvent[] = [];
   if (abortAfterMs !== undefined) setTimeout(() => controller.abort(), abortAfterMs);
-  const outcome = await harnessFor(agent, harnessEnv).run(
+  const outcome = await harnessFor(agent, harnessEnv, harnessOptions).run(
     { input: 'Change the greeting', history: [], mode: 'agent', agent, effort: 'low', instructions: null, workspace, signal: controller.signal, ...manifest },
     async (event) => {
       events.push(event);
@@ -76,7 +83,7 @@ async function run({ fixture, agent = claude, harnessEnv = env, files = {}, abor
   );
   const call = (name: string) => readFileSync(join(fork.changesDir, '.calls', name), 'utf8');
   const argv = () => call('argv').split('\0').slice(0, -1);
-  return { outcome, events, kinds: events.map((event) => event.kind), call, argv };
+  return { outcome, events, kinds: events.map((event) => event.kind), call, argv, fork };
 }
 
 const ofKind = <K extends AgentEvent['kind']>(events: AgentEvent[], kind: K) =>
@@ -102,10 +109,13 @@ describe('the Claude Code adapter over recorded streams', () => {
     expect(argv).toEqual(expect.arrayContaining(['--permission-mode', 'bypassPermissions', '--disallowedTools', 'AskUserQuestion']));
     expect(call('stdin')).toBe('Change the greeting');
     const sandboxEnv = call('env');
-    expect(sandboxEnv).toContain('ANTHROPIC_API_KEY=sk-ant-test\n');
+    // A lease of the credential proxy, never the key itself (see 'provider credentials' below).
+    expect(sandboxEnv).toMatch(/^ANTHROPIC_API_KEY=[A-Za-z0-9_-]{43}$/m);
+    expect(sandboxEnv).toMatch(/^ANTHROPIC_BASE_URL=http:\/\/127\.0\.0\.1:\d+\/[A-Za-z0-9_-]{43}$/m);
+    expect(sandboxEnv).not.toContain('sk-ant-test');
     expect(sandboxEnv).toContain('IS_SANDBOX=1\n');
-    // Only the CLI's own key reaches the sandbox.
-    expect(sandboxEnv).not.toContain('OPENAI_API_KEY');
+    // Only the CLI's own provider is leased.
+    expect(sandboxEnv).not.toContain('OPENAI');
   });
 
   it('runs read-only in plan mode and takes the plan from ExitPlanMode; passes instructions and history', async () => {
@@ -177,9 +187,12 @@ describe('the Codex adapter over recorded streams', () => {
     expect(argvOf()).toEqual(['exec', '--json', '--model', 'gpt-5-codex', '--skip-git-repo-check', '--dangerously-bypass-approvals-and-sandbox', '-c', 'model_reasoning_effort=high', '-']);
     expect(call('stdin')).toMatch(/^Implement the requested change[\s\S]*Use British spelling\.\n\nChange the greeting$/);
     const sandboxEnv = call('env');
-    expect(sandboxEnv).toContain('OPENAI_API_KEY=sk-openai-test\n');
-    expect(sandboxEnv).toContain('CODEX_API_KEY=sk-openai-test\n');
-    expect(sandboxEnv).not.toContain('ANTHROPIC_API_KEY');
+    const token = /^OPENAI_API_KEY=([A-Za-z0-9_-]{43})$/m.exec(sandboxEnv)?.[1];
+    expect(token).toBeDefined();
+    expect(sandboxEnv).toContain(`CODEX_API_KEY=${token}\n`);
+    expect(sandboxEnv).toMatch(new RegExp(`^OPENAI_BASE_URL=http://127\\.0\\.0\\.1:\\d+/${token}$`, 'm'));
+    expect(sandboxEnv).not.toContain('sk-openai-test');
+    expect(sandboxEnv).not.toContain('ANTHROPIC');
   });
 
   it('uses the read-only sandbox for ask and plan, and ends with a question when the agent asks one', async () => {
@@ -208,12 +221,21 @@ describe('the Codex adapter over recorded streams', () => {
 
 describe('running agent CLIs', () => {
   it('needs the CLI key, naming the variable; model APIs keep going through the built-in loop', () => {
-    expect(() => harnessFor(claude, {})).toThrow(new ModelConfigError('ANTHROPIC_API_KEY is not set: the agent claude-code/claude-sonnet-4-5 needs it'));
-    expect(() => harnessFor(codex, { ANTHROPIC_API_KEY: 'x' })).toThrow(/^OPENAI_API_KEY is not set: the agent codex\/gpt-5-codex needs it$/);
+    const options = { credentialProxy: proxy };
+    expect(() => harnessFor(claude, {}, options)).toThrow(new ModelConfigError('ANTHROPIC_API_KEY is not set: the agent claude-code/claude-sonnet-4-5 needs it'));
+    expect(() => harnessFor(codex, { ANTHROPIC_API_KEY: 'x' }, options)).toThrow(/^OPENAI_API_KEY is not set: the agent codex\/gpt-5-codex needs it$/);
+    expect(() => harnessFor(claude, { ...env, ANTHROPIC_BASE_URL: 'not a url' }, options)).toThrow(ModelConfigError);
     expect(() => harnessFor(parseAgentId('openai/gpt-5') as AgentId, {})).toThrow(ModelConfigError);
-    expect(harnessFor(claude, env)).toBeInstanceOf(ClaudeCodeHarness);
-    expect(harnessFor(codex, env)).toBeInstanceOf(CodexHarness);
+    expect(harnessFor(claude, env, options)).toBeInstanceOf(ClaudeCodeHarness);
+    expect(harnessFor(codex, env, options)).toBeInstanceOf(CodexHarness);
     expect(harnessFor(parseAgentId('anthropic/claude-sonnet-4-5') as AgentId, env)).toBeInstanceOf(BuiltinHarness);
+  });
+
+  it('runs a CLI only with a credential proxy or, explicitly, with its own login', () => {
+    expect(() => harnessFor(claude, env)).toThrow(/claude-code\/claude-sonnet-4-5 runs a CLI in the sandbox, which needs a credential proxy/);
+    expect(() => harnessFor(codex, env, { credentialProxy: proxy, cliOwnLogin: true })).toThrow(/choose one/);
+    // Its own login needs no key in the service's environment.
+    expect(harnessFor(codex, {}, { cliOwnLogin: true })).toBeInstanceOf(CodexHarness);
   });
 
   it('says which CLI is missing and how to install it', async () => {
@@ -231,7 +253,7 @@ describe('running agent CLIs', () => {
     mkdirSync(join(fork.changesDir, '.bin'), { recursive: true });
     copyFileSync(join(fixtures, 'codex/success.jsonl'), join(fork.changesDir, '.bin', 'stream.jsonl'));
     const seen: AgentEvent[] = [];
-    const running = harnessFor(codex, env).run(
+    const running = harnessFor(codex, env, { credentialProxy: proxy }).run(
       { input: 'Change the greeting', history: [], mode: 'agent', agent: codex, effort: 'low', instructions: null, workspace: forkWorkspace(fork, { network: false }) },
       async (event) => {
         seen.push(event);
@@ -249,5 +271,98 @@ describe('running agent CLIs', () => {
     expect(kinds).toEqual(['message', 'tool_call', 'tool_result', 'tool_call']);
     // The run ended with its process group: the CLI's sleep is gone (had it not been stopped, the run would still wait for it).
     expect(execFileSync('ps', ['-eo', 'args'], { encoding: 'utf8' })).not.toContain('sleep 61.7');
+  });
+});
+
+describe('provider credentials', () => {
+  // A stand-in for the provider, reached through the proxy: it records what each request carried.
+  const received: Array<{ method: string; url: string; headers: IncomingHttpHeaders; body: string }> = [];
+  const provider = createServer((req, res) => {
+    let body = '';
+    req.setEncoding('utf8');
+    req.on('data', (chunk: string) => (body += chunk));
+    req.on('end', () => {
+      received.push({ method: req.method ?? '', url: req.url ?? '', headers: req.headers, body });
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end('{"id":"msg_1","type":"message"}');
+    });
+  });
+  let providerUrl = '';
+  beforeAll(async () => {
+    await new Promise<void>((resolve) => provider.listen(0, '127.0.0.1', resolve));
+    providerUrl = `http://127.0.0.1:${(provider.address() as AddressInfo).port}`;
+  });
+  afterAll(() => new Promise((resolve) => provider.close(resolve)));
+
+  // Run by the fake CLI inside the sandbox: it keeps every process's environment and command line the
+  // sandbox can see, then calls the provider the way each CLI does, with the key and base URL it was given.
+  const CALL_PROVIDER = `
+cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' '\\n' > /workspace/.calls/processes
+if [ -n "$ANTHROPIC_BASE_URL" ]; then
+  curl -sS -o /workspace/.calls/response -w '%{http_code}' -H "x-api-key: $ANTHROPIC_API_KEY" -H 'content-type: application/json' \\
+    -d '{"model":"claude-sonnet-4-5","max_tokens":1}' "$ANTHROPIC_BASE_URL/v1/messages?beta=true" > /workspace/.calls/status 2>&1
+else
+  curl -sS -o /workspace/.calls/response -w '%{http_code}' -H "Authorization: Bearer $OPENAI_API_KEY" -H 'content-type: application/json' \\
+    -d '{"model":"gpt-5-codex","stream":true}' "$OPENAI_BASE_URL/responses" > /workspace/.calls/status 2>&1
+fi
+`;
+
+  /** Every file the sandboxed run could write (the fork's own files), as one text. */
+  const forkText = (dir: string): string =>
+    readdirSync(dir, { recursive: true, withFileTypes: true })
+      .filter((entry) => entry.isFile())
+      .map((entry) => readFileSync(join(entry.parentPath, entry.name), 'utf8'))
+      .join('\n');
+
+  it('gives Claude Code a lease of the proxy: the sandbox never sees the key, the provider gets it', async () => {
+    const realKey = 'sk-ant-real-4f0c2a9e7d1b';
+    // The service's ANTHROPIC_BASE_URL ends in /v1 (the built-in loop's convention); Claude Code appends /v1/messages.
+    const harnessEnv = { ...env, ANTHROPIC_API_KEY: realKey, ANTHROPIC_BASE_URL: `${providerUrl}/v1` };
+    received.length = 0;
+    const { outcome, call, fork } = await run({ fixture: 'claude-code/success.jsonl', harnessEnv, files: { 'call-provider': CALL_PROVIDER } });
+    expect(outcome.status).toBe('completed');
+    expect(call('status')).toBe('200');
+    expect(call('response')).toBe('{"id":"msg_1","type":"message"}');
+
+    const token = /^ANTHROPIC_API_KEY=(.+)$/m.exec(call('env'))?.[1] ?? '';
+    expect(token).toMatch(/^[A-Za-z0-9_-]{43}$/);
+    expect(call('processes')).toContain(`ANTHROPIC_API_KEY=${token}`);
+    for (const seen of [call('env'), call('processes'), call('argv'), call('stdin'), forkText(fork.changesDir)]) {
+      expect(seen).not.toContain(realKey);
+      expect(seen).not.toContain(providerUrl);
+    }
+
+    expect(received).toHaveLength(1);
+    expect(received[0]).toMatchObject({ method: 'POST', url: '/v1/messages?beta=true', body: '{"model":"claude-sonnet-4-5","max_tokens":1}' });
+    expect(received[0]!.headers['x-api-key']).toBe(realKey);
+    expect(JSON.stringify(received[0]!.headers)).not.toContain(token);
+
+    // The lease died with the run: its token opens nothing any more.
+    const baseUrl = /^ANTHROPIC_BASE_URL=(.+)$/m.exec(call('env'))?.[1] ?? '';
+    const after = await fetch(`${baseUrl}/v1/messages`, { method: 'POST', body: '{}', headers: { 'x-api-key': token } });
+    expect(after.status).toBe(403);
+    expect(received).toHaveLength(1);
+  });
+
+  it('gives Codex a lease of the proxy under OPENAI_BASE_URL, with a bearer key upstream', async () => {
+    const realKey = 'sk-proj-real-8b3e61c0a5f2';
+    const harnessEnv = { ...env, OPENAI_API_KEY: realKey, OPENAI_BASE_URL: `${providerUrl}/v1` };
+    received.length = 0;
+    const { outcome, call, fork } = await run({ fixture: 'codex/success.jsonl', agent: codex, harnessEnv, files: { 'call-provider': CALL_PROVIDER } });
+    expect(outcome.status).toBe('completed');
+    expect(call('status')).toBe('200');
+    for (const seen of [call('env'), call('processes'), call('argv'), call('stdin'), forkText(fork.changesDir)]) expect(seen).not.toContain(realKey);
+
+    expect(received).toHaveLength(1);
+    expect(received[0]).toMatchObject({ method: 'POST', url: '/v1/responses' });
+    expect(received[0]!.headers.authorization).toBe(`Bearer ${realKey}`);
+  });
+
+  it('passes no key at all when the CLI runs with its own login (a desktop runner)', async () => {
+    const { outcome, call } = await run({ fixture: 'claude-code/success.jsonl', harnessEnv: { ...env, ANTHROPIC_BASE_URL: providerUrl }, harnessOptions: { cliOwnLogin: true } });
+    expect(outcome.status).toBe('completed');
+    const sandboxEnv = call('env');
+    expect(sandboxEnv).not.toContain('ANTHROPIC');
+    expect(sandboxEnv).not.toContain('sk-ant-test');
   });
 });

@@ -2,10 +2,9 @@
  * End to end through the real agent loop (a scripted model over HTTP), the sandboxed fork, the checks
  * and the built-in code host: tasks become verified pull requests, and people merge them.
  */
-import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { environmentDir, readEnvironmentConfig } from '../src/sandbox/environment.js';
+import { parseEnvironmentConfig } from '../src/sandbox/environment.js';
 import { testDrivers } from './support/db.js';
 import { journal, useTestEngine, type TestEngine } from './support/engine.js';
 import { gitIn, sampleRepository } from './support/repos.js';
@@ -67,8 +66,9 @@ describe.each(testDrivers)('delivery on %s', (driver) => {
     expect(merged.json().pullRequest).toMatchObject({ state: 'merged', mergedAt: expect.any(String) });
     expect(gitIn(bare, 'show', 'main:greeting.txt')).toBe('hello\n');
     expect((await get(`/api/v1/tasks/${task.id}`)).task.status).toBe('COMPLETED');
-    // The environment's working copy follows, so the next fork starts from the merged code.
-    expect(readFileSync(join(environmentDir(engine.api.dataDir, engine.tenant.workspace.id), 'web', 'greeting.txt'), 'utf8')).toBe('hello\n');
+    // The environment follows with a new version, so the next fork starts from the merged code.
+    expect(await engine.api.environments.readFile(engine.tenant.workspace.id, 'web/greeting.txt')).toBe('hello\n');
+    expect(engine.api.environments.current(engine.tenant.workspace.id)!.record.reason).toBe('Update acme/web');
 
     const again = await engine.tenant.request('POST', '/api/v1/repos/acme/web/pulls/1/merge');
     expect(again.statusCode).toBe(409);
@@ -222,33 +222,95 @@ describe.each(testDrivers)('delivery on %s', (driver) => {
     // The config change itself is up for review on the environment's repository, not applied.
     const environmentPr = await get('/api/v1/repos/svc/environment/pulls/1');
     expect(environmentPr.diff).toContain('"command":"true"');
-    const { repositories } = await readEnvironmentConfig(environmentDir(engine.api.dataDir, engine.tenant.workspace.id));
+    const { repositories } = parseEnvironmentConfig(engine.api.environments.current(engine.tenant.workspace.id)!.record.config);
     expect(repositories.find((repository) => repository.dir === 'tamper')!.checks).toEqual([{ name: 'test', command: 'npm test', timeoutSeconds: 600 }]);
   });
 
-  it("does not reuse a task's fork after a merge changed the environment under it", async () => {
+  it("keeps a task's fork on its environment version while it holds work no pull request has", async () => {
     await engine.connect(sampleRepository('drift'), 'acme/drift');
     // Task A commits in its fork and stops to ask.
     engine.script.push({ toolCalls: [{ name: 'run_command', arguments: { command: 'cd drift && echo a > a.txt && git add -A && git -c user.name=a -c user.email=a@a commit -qm a' } }] }, { toolCalls: [{ name: 'ask_user', arguments: { question: 'Go on?' } }] });
     const a = await create({ command: 'Task A' });
     expect((await engine.settled(a.id)).task.status).toBe('AWAITING_INPUT');
-    // Task B changes the greeting, and a person merges it: the environment moves on.
+    // Task B changes the greeting, and a person merges it: the environment moves on to a new version.
     engine.script.push({ toolCalls: [{ name: 'write_file', arguments: { path: 'drift/greeting.txt', content: 'hello\n' } }] }, { toolCalls: [{ name: 'finish', arguments: { summary: 'B done.' } }] });
     const b = await create({ command: 'Task B' });
-    expect((await engine.settled(b.id)).task.status).toBe('IN_REVIEW');
+    const settledB = await engine.settled(b.id);
+    expect(settledB.task.status, JSON.stringify(settledB.latestJob)).toBe('IN_REVIEW');
     expect((await engine.tenant.request('POST', '/api/v1/repos/acme/drift/pulls/1/merge')).statusCode).toBe(200);
 
-    // A's follow-up starts from the merged environment, and its pull request holds only its own change.
+    // A's follow-up goes on in its own fork, whose files never changed under it (a fresh fork would lose
+    // commit a), and the journal says so; its pull request holds its own work, all of it.
     engine.script.push(
-      { toolCalls: [{ name: 'run_command', arguments: { command: 'cat drift/greeting.txt; echo a2 > drift/a.txt' } }] },
-      { toolCalls: [{ name: 'finish', arguments: { summary: 'A done.' } }] },
+      { toolCalls: [{ name: 'run_command', arguments: { command: 'cat drift/greeting.txt; echo a2 > drift/a2.txt' } }] },
+      // Its check fails on the old greeting: each round goes back to the agent, which finishes again.
+      ...Array.from({ length: 3 }, () => ({ toolCalls: [{ name: 'finish', arguments: { summary: 'A done.' } }] })),
     );
     await engine.tenant.request('POST', `/api/v1/tasks/${a.id}/messages`, { message: 'Yes' });
-    expect((await engine.settled(a.id)).task.status).toBe('IN_REVIEW');
-    const results = journal((await engine.tenant.request('GET', `/api/v1/tasks/${a.id}/logs`)).body).filter((event) => event.kind === 'tool_result');
-    expect(String(results.at(-2)!.data.output)).toContain('hello');
+    const settledA = await engine.settled(a.id);
+    expect(settledA.task.status, JSON.stringify(settledA.latestJob)).toBe('IN_REVIEW');
+    const events = journal((await engine.tenant.request('GET', `/api/v1/tasks/${a.id}/logs`)).body);
+    const results = events.filter((event) => event.kind === 'tool_result' && event.data.name === 'run_command');
+    const greeting = String(results.at(-1)!.data.output);
+    expect(greeting).toContain('hi\n');
+    expect(greeting).not.toContain('hello');
+    expect(events.filter((event) => event.kind === 'message').map((event) => event.data.text)).toContainEqual(
+      expect.stringMatching(/^The environment changed since this task's fork was made .* \(acme\/drift\)/),
+    );
     const { diff } = await get('/api/v1/repos/acme/drift/pulls/2');
+    expect(diff).toContain('+a\n');
     expect(diff).toContain('+a2');
     expect(diff).not.toContain('greeting.txt');
+  });
+
+  it("moves a task whose work is all in its pull requests to the environment's new version", async () => {
+    // Their checks hold whatever the greeting says: each run ends in one round.
+    await engine.connect(sampleRepository('moving', { expected: 'hi' }), 'acme/moving');
+    await engine.connect(sampleRepository('beside', { expected: 'hello' }), 'acme/beside');
+    engine.script.push({ toolCalls: [{ name: 'write_file', arguments: { path: 'moving/c.txt', content: 'c\n' } }] }, { toolCalls: [{ name: 'finish', arguments: { summary: 'C done.' } }] });
+    const c = await create({ command: 'Task C' });
+    expect((await engine.settled(c.id)).task.status).toBe('IN_REVIEW');
+    engine.script.push({ toolCalls: [{ name: 'write_file', arguments: { path: 'beside/greeting.txt', content: 'hello\n' } }] }, { toolCalls: [{ name: 'finish', arguments: { summary: 'D done.' } }] });
+    const d = await create({ command: 'Task D' });
+    expect((await engine.settled(d.id)).task.status).toBe('IN_REVIEW');
+    expect((await engine.tenant.request('POST', '/api/v1/repos/acme/beside/pulls/1/merge')).statusCode).toBe(200);
+
+    // C's follow-up starts from a fresh fork of the merged environment, with its own branch brought back.
+    engine.script.push(
+      { toolCalls: [{ name: 'run_command', arguments: { command: 'cat beside/greeting.txt moving/c.txt; echo c2 >> moving/c.txt' } }] },
+      { toolCalls: [{ name: 'finish', arguments: { summary: 'C again.' } }] },
+    );
+    await engine.tenant.request('POST', `/api/v1/tasks/${c.id}/messages`, { message: 'More' });
+    expect((await engine.settled(c.id)).task.status).toBe('IN_REVIEW');
+    const results = journal((await engine.tenant.request('GET', `/api/v1/tasks/${c.id}/logs`)).body).filter((event) => event.kind === 'tool_result' && event.data.name === 'run_command');
+    expect(String(results.at(-1)!.data.output)).toContain('hello\nc\n');
+    const { diff } = await get('/api/v1/repos/acme/moving/pulls/1');
+    expect(diff).toContain('+c2');
+    expect(diff).not.toContain('greeting.txt');
+  });
+
+  it("sets a closed pull request's work aside, so that the task's next pull request does not carry it again", async () => {
+    await engine.connect(sampleRepository('turned', { expected: 'hi' }), 'acme/turned');
+    engine.script.push({ toolCalls: [{ name: 'write_file', arguments: { path: 'turned/first.txt', content: 'first\n' } }] }, { toolCalls: [{ name: 'finish', arguments: { summary: 'First try.' } }] });
+    const task = await create({ command: 'Try something' });
+    expect((await engine.settled(task.id)).task.status).toBe('IN_REVIEW');
+    expect((await engine.tenant.request('POST', '/api/v1/repos/acme/turned/pulls/1/close')).statusCode).toBe(200);
+
+    engine.script.push(
+      { toolCalls: [{ name: 'run_command', arguments: { command: 'ls turned; git -C turned branch --list "svc-closed/*"; echo second > turned/second.txt' } }] },
+      { toolCalls: [{ name: 'finish', arguments: { summary: 'Second try.' } }] },
+    );
+    await engine.tenant.request('POST', `/api/v1/tasks/${task.id}/messages`, { message: 'Not like that; try another way' });
+    const done = await engine.settled(task.id);
+    expect(done.task.status).toBe('IN_REVIEW');
+    const events = journal((await engine.tenant.request('GET', `/api/v1/tasks/${task.id}/logs`)).body);
+    expect(events.filter((event) => event.kind === 'message').map((event) => event.data.text)).toContainEqual(expect.stringMatching(/^Pull request #1 of acme\/turned was closed without being merged, so its work was set aside on the branch svc-closed\/1/));
+    const listing = String(events.filter((event) => event.kind === 'tool_result' && event.data.name === 'run_command').at(-1)!.data.output);
+    expect(listing).not.toContain('first.txt');
+    expect(listing).toContain('svc-closed/1');
+    const { pullRequest, diff } = await get('/api/v1/repos/acme/turned/pulls/2');
+    expect(pullRequest.state).toBe('open');
+    expect(diff).toContain('+second');
+    expect(diff).not.toContain('first');
   });
 });

@@ -29,7 +29,9 @@ describe.each(testDrivers)('fork lifecycle on %s', (driver) => {
   let db: Db;
   let workspaceId: string;
   const root = mkdtempSync(join(tmpdir(), 'svc-fork-lifecycle-'));
-  const environment = join(root, 'environments', 'acme');
+  const environmentDir = join(root, 'environments', 'acme');
+  /** One version of one layer: these tests are about the forks, not the environment's versions. */
+  const environment = { version: 1, layers: [environmentDir] };
   /** Each host has a disk of its own. */
   const forksRootOf = (host: string) => join(root, host, 'forks');
 
@@ -90,10 +92,10 @@ describe.each(testDrivers)('fork lifecycle on %s', (driver) => {
     db = testDb.database.db;
     const workspace = await createWorkspace(db, { name: `ws-${randomBytes(4).toString('hex')}`, plan: 'free', defaultAgent: 'openai-compatible/fake' });
     workspaceId = workspace!.id;
-    mkdirSync(join(environment, 'web'), { recursive: true });
-    writeFileSync(join(environment, 'web', 'a.txt'), 'original\n');
-    writeFileSync(join(environment, 'web', 'old.txt'), 'to be deleted\n');
-    writeFileSync(join(environment, 'web', 'server.js'), "require('http').createServer((q, s) => s.end('up')).listen(Number(process.env.PORT));\n");
+    mkdirSync(join(environmentDir, 'web'), { recursive: true });
+    writeFileSync(join(environmentDir, 'web', 'a.txt'), 'original\n');
+    writeFileSync(join(environmentDir, 'web', 'old.txt'), 'to be deleted\n');
+    writeFileSync(join(environmentDir, 'web', 'server.js'), "require('http').createServer((q, s) => s.end('up')).listen(Number(process.env.PORT));\n");
   });
 
   afterAll(async () => {
@@ -168,7 +170,7 @@ describe.each(testDrivers)('fork lifecycle on %s', (driver) => {
     expect(existsSync(dirOf(host, task.slug))).toBe(false);
     expect(existsSync(`${dirOf(host, task.slug)}.tar.gz`)).toBe(true);
     // Nothing else is left beside it: no temporary file, no half-restored directory.
-    expect(readdirSync(join(forksRootOf(host), workspaceId)).filter((entry) => entry.startsWith(task.slug))).toEqual([`${task.slug}.lower-version`, `${task.slug}.tar.gz`]);
+    expect(readdirSync(join(forksRootOf(host), workspaceId)).filter((entry) => entry.startsWith(task.slug))).toEqual([`${task.slug}.lower`, `${task.slug}.tar.gz`]);
 
     expect(await tickUntil([forksOf], task.slug, 'deleted')).toEqual({ stopped: 0, archived: 0, deleted: 1 });
     expect(existsSync(`${dirOf(host, task.slug)}.tar.gz`)).toBe(false);
@@ -239,7 +241,7 @@ describe.each(testDrivers)('fork lifecycle on %s', (driver) => {
     writeFileSync(`${dirOf(host, task.slug)}.tar.gz.999-1.tmp`, 'partial');
     expect(await tickUntil([forksOf], task.slug, 'archived')).toEqual({ stopped: 0, archived: 1, deleted: 0 });
     expect(existsSync(dirOf(host, task.slug))).toBe(false);
-    expect(readdirSync(join(forksRootOf(host), workspaceId))).toEqual([`${task.slug}.lower-version`, `${task.slug}.tar.gz`]);
+    expect(readdirSync(join(forksRootOf(host), workspaceId))).toEqual([`${task.slug}.lower`, `${task.slug}.tar.gz`]);
     const restored = await acquire(forksOf, task);
     expect(await sh(restored.fork, 'cat web/a.txt')).toBe('survived\n');
     await forksOf.release(restored.fork);

@@ -1,16 +1,39 @@
 /**
  * The built-in harness: an agent loop on the AI SDK with file, search and shell tools inside the
  * sandboxed fork, plus `ask_user`, `submit_plan` and `finish`, which end the run.
+ *
+ * With an `interaction` (a desktop runner, whose owner answers while the run goes on), tools that write
+ * or run ask first as the permission mode says, a denied tool tells the model so and the run goes on, and
+ * `ask_user` waits for the answer instead of ending the run. Without one (the cloud) nothing asks.
  */
+import { randomUUID } from 'node:crypto';
 import { generateText, hasToolCall, stepCountIs, tool, type LanguageModel, type ModelMessage, type ToolSet } from 'ai';
 import { z } from 'zod';
 import type { TaskMode } from '../protocol/rest.js';
 import { isReadOnlyMode } from '../domain/agents.js';
+import { assertNever } from '../domain/errors.js';
 import { EFFORT, modelCallSettings } from './effort.js';
-import type { AgentEvent, Harness, RunManifest, RunOutcome, Workspace } from './types.js';
+import type { AgentEvent, Harness, Interaction, RunManifest, RunOutcome, Workspace } from './types.js';
 
 const OUTPUT_LIMIT = 20_000;
 const COMMAND_TIMEOUT_MS = 10 * 60_000;
+export const DENIED_BY_USER = 'denied by the user';
+
+/** What a tool does that a person may have to allow: write files or run commands. */
+type Effect = 'write' | 'run';
+
+function asksFirst(interaction: Interaction, effect: Effect): boolean {
+  switch (interaction.permissionMode) {
+    case 'full':
+      return false;
+    case 'auto':
+      return effect === 'run';
+    case 'ask':
+      return true;
+    default:
+      return assertNever(interaction.permissionMode);
+  }
+}
 
 /** Keeps a tool's output within what is worth journaling and showing the model again. */
 export const clip = (text: string): string =>
@@ -42,7 +65,7 @@ export class BuiltinHarness implements Harness {
 
   async run(manifest: RunManifest, emit: (event: AgentEvent) => Promise<void>): Promise<RunOutcome> {
     let ending: RunOutcome | null = null;
-    const tools = this.tools(manifest.workspace, manifest.mode, emit, (outcome) => (ending = outcome));
+    const tools = this.tools(manifest.workspace, manifest.mode, emit, (outcome) => (ending = outcome), manifest.interaction);
     const messages: ModelMessage[] = [
       ...manifest.history.map((turn) => ({ role: turn.role, content: turn.content }) as ModelMessage),
       { role: 'user', content: manifest.input },
@@ -55,7 +78,8 @@ export class BuiltinHarness implements Harness {
         system: [MODE_PROMPT[manifest.mode], manifest.instructions].filter(Boolean).join('\n\n'),
         messages,
         tools,
-        stopWhen: [stepCountIs(maxSteps), hasToolCall('finish'), hasToolCall('ask_user'), hasToolCall('submit_plan')],
+        // A question ends the run unless someone answers while it goes on.
+        stopWhen: [stepCountIs(maxSteps), hasToolCall('finish'), ...(manifest.interaction ? [] : [hasToolCall('ask_user')]), hasToolCall('submit_plan')],
         maxRetries: this.options.maxRetries ?? 2,
         ...(manifest.signal ? { abortSignal: manifest.signal } : {}),
         onStepFinish: async (step) => {
@@ -83,11 +107,22 @@ export class BuiltinHarness implements Harness {
     mode: TaskMode,
     emit: (event: AgentEvent) => Promise<void>,
     end: (outcome: RunOutcome) => void,
+    interaction: Interaction | undefined,
   ): ToolSet {
-    /** Wraps a tool's work so that its call and result land in the journal, errors included. */
-    const traced = <T>(name: string, work: (input: T) => Promise<string>) => async (input: T, { toolCallId }: { toolCallId: string }) => {
+    /**
+     * Wraps a tool's work so that its call and result land in the journal, errors included; a tool with an
+     * effect asks the person first when the permission mode says so.
+     */
+    const traced = <T>(name: string, work: (input: T) => Promise<string>, effect?: Effect) => async (input: T, { toolCallId }: { toolCallId: string }) => {
       await emit({ kind: 'tool_call', data: { id: toolCallId, name, input } });
       try {
+        if (effect && interaction && asksFirst(interaction, effect)) {
+          const answer = await interaction.request({ requestId: randomUUID(), tool: name, input });
+          if (answer.decision !== 'allow') {
+            await emit({ kind: 'tool_result', data: { id: toolCallId, name, output: DENIED_BY_USER, isError: true } });
+            return DENIED_BY_USER;
+          }
+        }
         const output = clip(await work(input));
         await emit({ kind: 'tool_result', data: { id: toolCallId, name, output, isError: false } });
         return output;
@@ -121,12 +156,15 @@ export class BuiltinHarness implements Harness {
         execute: traced('run_command', async ({ command }: { command: string }) => {
           const result = await workspace.runCommand(command, COMMAND_TIMEOUT_MS);
           return `${result.timedOut ? 'timed out' : `exit code ${result.exitCode}`}\n${result.output}`;
-        }),
+        }, 'run'),
       }),
       ask_user: tool({
-        description: 'Ask the person a clarifying question; the run ends and their reply continues the task.',
+        description: interaction
+          ? 'Ask the person a clarifying question and wait for the answer, which this tool returns.'
+          : 'Ask the person a clarifying question; the run ends and their reply continues the task.',
         inputSchema: z.object({ question: z.string().min(1) }),
         execute: traced('ask_user', async ({ question }: { question: string }) => {
+          if (interaction) return askAndWait(interaction, question);
           await emit({ kind: 'question', data: { question } });
           end({ status: 'question', question });
           return 'The question was sent; stop here.';
@@ -160,7 +198,7 @@ export class BuiltinHarness implements Harness {
         execute: traced('write_file', async ({ path, content }: { path: string; content: string }) => {
           await workspace.writeFile(path, content);
           return `wrote ${Buffer.byteLength(content)} bytes to ${path}`;
-        }),
+        }, 'write'),
       });
       set.edit_file = tool({
         description: 'Replace one exact occurrence of `old` with `new` in a file.',
@@ -171,9 +209,21 @@ export class BuiltinHarness implements Harness {
           if (count !== 1) throw new Error(`\`old\` occurs ${count} times in ${path}; it must occur exactly once`);
           await workspace.writeFile(path, text.replace(old, () => replacement));
           return `edited ${path}`;
-        }),
+        }, 'write'),
       });
     }
     return set;
   }
+}
+
+/** `ask_user` with someone to answer: one free-text question, and its answer is the tool's result. */
+async function askAndWait(interaction: Interaction, question: string): Promise<string> {
+  const answer = await interaction.request({
+    requestId: randomUUID(),
+    kind: 'question',
+    questions: [{ id: 'answer', question, options: [], multiple: false, allowCustom: true }],
+  });
+  if (answer.decision !== 'allow') return 'The person skipped the question; go on without their answer.';
+  const text = answer.answers?.find((entry) => entry.questionId === 'answer')?.values.join('\n') ?? '';
+  return text.trim() ? text : 'The person gave no answer; go on without it.';
 }

@@ -8,21 +8,46 @@
  * permission prompts (nobody could answer them) because the fork's bubblewrap sandbox is the isolation.
  * In plan mode the plan is the input of the `ExitPlanMode` call, which print mode denies, so the run ends.
  * `AskUserQuestion` is disallowed: print mode would deny it anyway; questions follow cli-harness.ts.
+ *
+ * Credentials (cli-harness.ts): Claude Code reads ANTHROPIC_BASE_URL and sends ANTHROPIC_API_KEY as
+ * `x-api-key`; the Anthropic SDK inside it appends `/v1/messages` (and other `/v1/…` paths) to the base URL.
  */
 import { isReadOnlyMode, type AgentId } from '../domain/agents.js';
 import { clip } from './builtin.js';
-import { cliEnv, cliInstructions, cliPrompt, field, isRecord, outcomeOfFinalText, runCli, type StreamTranslator } from './cli-harness.js';
+import {
+  cliAccess,
+  cliInstructions,
+  cliPrompt,
+  field,
+  isRecord,
+  outcomeOfFinalText,
+  runCli,
+  type CliAccess,
+  type CliCredentials,
+  type ProviderRoute,
+  type StreamTranslator,
+} from './cli-harness.js';
 import { EFFORT } from './effort.js';
 import type { AgentEvent, Harness, RunManifest, RunOutcome } from './types.js';
 
+const ANTHROPIC: ProviderRoute = {
+  keyVariable: 'ANTHROPIC_API_KEY',
+  baseUrlVariable: 'ANTHROPIC_BASE_URL',
+  defaultUpstream: 'https://api.anthropic.com',
+  // The service's ANTHROPIC_BASE_URL follows the AI SDK (built-in loop), which ends it in /v1 and appends
+  // /messages; Claude Code's own paths start with /v1 already, so either spelling reaches the same endpoint.
+  upstreamOf: (configured) => configured.replace(/\/+$/, '').replace(/\/v1$/, ''),
+  credentialHeaders: (key) => ({ 'x-api-key': key }),
+};
+
 export class ClaudeCodeHarness implements Harness {
   private readonly command: string;
-  private readonly env: Record<string, string>;
+  private readonly access: CliAccess;
 
-  /** Throws ModelConfigError when ANTHROPIC_API_KEY is missing. */
-  constructor(agent: AgentId, env: NodeJS.ProcessEnv) {
+  /** With a credential proxy, throws ModelConfigError when ANTHROPIC_API_KEY is missing. */
+  constructor(agent: AgentId, env: NodeJS.ProcessEnv, credentials: CliCredentials) {
     this.command = env.SVC_CLAUDE_CODE_COMMAND || 'claude';
-    this.env = cliEnv(env, `${agent.provider}/${agent.model}`, 'ANTHROPIC_API_KEY', 'ANTHROPIC_BASE_URL');
+    this.access = cliAccess(env, `${agent.provider}/${agent.model}`, ANTHROPIC, credentials);
   }
 
   run(manifest: RunManifest, emit: (event: AgentEvent) => Promise<void>): Promise<RunOutcome> {
@@ -39,7 +64,7 @@ export class ClaudeCodeHarness implements Harness {
       '--append-system-prompt', cliInstructions(manifest),
     ];
     // Claude Code refuses to bypass permissions as root unless told it is in a sandbox, which it is.
-    const env = { ...this.env, MAX_THINKING_TOKENS: String(budget.thinkingTokens), ...(readOnly ? {} : { IS_SANDBOX: '1' }) };
+    const env = { MAX_THINKING_TOKENS: String(budget.thinkingTokens), ...(readOnly ? {} : { IS_SANDBOX: '1' }) };
     return runCli(
       {
         label: 'Claude Code',
@@ -48,6 +73,7 @@ export class ClaudeCodeHarness implements Harness {
         install: '`npm install -g @anthropic-ai/claude-code`',
         argv,
         env,
+        access: this.access,
         stdin: cliPrompt(manifest),
         translator: new ClaudeStream(manifest, budget.steps),
       },

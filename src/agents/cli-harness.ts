@@ -7,9 +7,15 @@
  * its instructions) to end with a final message that starts with `QUESTION:` when it cannot go on
  * without a decision; that final message becomes the run's question outcome, as `ask_user` does in the
  * built-in loop.
+ *
+ * Credentials: the sandbox never holds the platform's provider key. In the cloud each run leases a token
+ * from the host's credential proxy (credential-proxy.ts): the CLI's base URL points at the lease and its
+ * key variable holds the token, which is worthless outside the proxy and revoked when the run ends. A
+ * desktop runner instead runs the CLI with the user's own login and passes no key at all (`own-login`).
  */
 import type { TaskMode } from '../protocol/rest.js';
-import { requireEnv } from './models.js';
+import type { CredentialProxy } from './credential-proxy.js';
+import { ModelConfigError, requireEnv } from './models.js';
 import type { AgentEvent, RunManifest, RunOutcome } from './types.js';
 
 /** An agent CLI is slow but not endless: a run that takes longer than this is stopped. */
@@ -58,10 +64,64 @@ export function outcomeOfFinalText(mode: TaskMode, text: string, plan: string | 
   return text.trim() ? { status: 'completed', answer: text } : { status: 'failed', error: 'the agent finished without a final message' };
 }
 
-/** The sandbox's environment for a CLI: its key (required), the key's base URL when set, and `extra`. */
-export function cliEnv(env: NodeJS.ProcessEnv, agentId: string, key: string, baseUrl: string): Record<string, string> {
-  const value = requireEnv(env, key, agentId);
-  return { [key]: value, ...(env[baseUrl] ? { [baseUrl]: env[baseUrl] } : {}) };
+/** Where a CLI's provider credentials come from; see the file comment. */
+export type CliCredentials =
+  /** The cloud: the platform key from the service's environment, reached only through a proxy lease. */
+  | { kind: 'proxy'; proxy: CredentialProxy }
+  /** A desktop runner: the CLI's own login and configuration on the user's computer; no key is passed. */
+  | { kind: 'own-login' };
+
+/** How one CLI reaches its provider, and the service variables that configure it. */
+export interface ProviderRoute {
+  /** The platform key in the service's environment; in the sandbox, the variable the CLI reads its key from. */
+  keyVariable: string;
+  /** Further variables the CLI may read its key from. */
+  alsoKeyVariables?: string[];
+  /** The service's optional endpoint; in the sandbox, the variable the CLI reads its base URL from. */
+  baseUrlVariable: string;
+  /** The base URL the CLI uses by default: the proxy's upstream when the service sets none. */
+  defaultUpstream: string;
+  /** The upstream for a configured endpoint, where the service's convention differs from the CLI's. */
+  upstreamOf?: (configured: string) => string;
+  /** The headers that carry the real key to the provider. */
+  credentialHeaders: (key: string) => Record<string, string>;
+}
+
+/** The sandbox variables of one run, and the end of their validity. */
+export interface CliSession {
+  env: Record<string, string>;
+  release(): void;
+}
+
+export interface CliAccess {
+  open(): Promise<CliSession>;
+}
+
+/**
+ * Resolves a CLI's credentials once, when its harness is made: a missing key or an unusable endpoint fails
+ * then (ModelConfigError), naming the variable. Each run then opens a session of its own.
+ */
+export function cliAccess(env: NodeJS.ProcessEnv, agentId: string, route: ProviderRoute, credentials: CliCredentials): CliAccess {
+  switch (credentials.kind) {
+    case 'own-login':
+      return { open: async () => ({ env: {}, release: () => undefined }) };
+    case 'proxy': {
+      const key = requireEnv(env, route.keyVariable, agentId);
+      const configured = env[route.baseUrlVariable];
+      const upstreamBaseUrl = configured ? (route.upstreamOf?.(configured) ?? configured) : route.defaultUpstream;
+      if (!/^https?:\/\//.test(upstreamBaseUrl) || !URL.canParse(upstreamBaseUrl)) {
+        throw new ModelConfigError(`${route.baseUrlVariable} is not an http(s) URL: the agent ${agentId} cannot reach its provider`);
+      }
+      const headers = route.credentialHeaders(key);
+      return {
+        async open() {
+          const lease = await credentials.proxy.lease({ upstreamBaseUrl, headers });
+          const keys = [route.keyVariable, ...(route.alsoKeyVariables ?? [])].map((name) => [name, lease.token] as const);
+          return { env: { ...Object.fromEntries(keys), [route.baseUrlVariable]: lease.baseUrl }, release: lease.release };
+        },
+      };
+    }
+  }
 }
 
 /** Reads one CLI's JSON stream: each parsed line in, journal events out; the outcome once it ended. */
@@ -79,13 +139,36 @@ export interface CliSpec {
   commandVariable: string;
   install: string;
   argv: string[];
+  /** The CLI's settings; its credentials come from `access`. */
   env: Record<string, string>;
+  access: CliAccess;
   stdin: string;
   translator: StreamTranslator;
 }
 
 /** Runs a CLI in the manifest's workspace and reports its stream as journal events; see the file comment. */
 export async function runCli(spec: CliSpec, manifest: RunManifest, emit: (event: AgentEvent) => Promise<void>): Promise<RunOutcome> {
+  let session: CliSession;
+  try {
+    session = await spec.access.open();
+  } catch (error) {
+    const message = `${spec.label} could not start: no credential lease (${error instanceof Error ? error.message : String(error)})`;
+    await emit({ kind: 'error', data: { message } });
+    return { status: 'failed', error: message };
+  }
+  try {
+    return await runCliProcess(spec, { ...spec.env, ...session.env }, manifest, emit);
+  } finally {
+    session.release();
+  }
+}
+
+async function runCliProcess(
+  spec: CliSpec,
+  env: Record<string, string>,
+  manifest: RunManifest,
+  emit: (event: AgentEvent) => Promise<void>,
+): Promise<RunOutcome> {
   // Events go out in stream order although lines arrive synchronously; a failed emit (the journal refused)
   // stops reporting and is rethrown once the process is gone.
   let queue = Promise.resolve();
@@ -119,7 +202,7 @@ export async function runCli(spec: CliSpec, manifest: RunManifest, emit: (event:
   const argv = ['sh', '-c', 'command -v "$1" >/dev/null 2>&1 || exit 127; exec "$@"', 'sh', spec.command, ...spec.argv];
   let result: Awaited<ReturnType<RunManifest['workspace']['runStreaming']>>;
   try {
-    result = await manifest.workspace.runStreaming(argv, { env: spec.env, timeoutMs: CLI_TIMEOUT_MS, network: true, stdin: spec.stdin, onLine });
+    result = await manifest.workspace.runStreaming(argv, { env, timeoutMs: CLI_TIMEOUT_MS, network: true, stdin: spec.stdin, onLine });
   } catch (error) {
     await queue;
     return fail(`${spec.label} could not start: ${error instanceof Error ? error.message : String(error)}`);

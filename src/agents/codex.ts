@@ -10,23 +10,45 @@
  * instructions head the prompt (read from stdin). Reasoning summaries are not journaled: the event
  * vocabulary has no place for them. A `request_user_input` event, or a final `QUESTION:` message (see
  * cli-harness.ts), ends the run with a question.
+ *
+ * Credentials (cli-harness.ts): Codex's built-in `openai` provider reads OPENAI_BASE_URL (default
+ * https://api.openai.com/v1, the same convention as the AI SDK's) and appends `/responses`; it sends its
+ * key as `Authorization: Bearer`.
  */
 import { isReadOnlyMode, type AgentId } from '../domain/agents.js';
 import { clip } from './builtin.js';
-import { cliEnv, cliInstructions, cliPrompt, field, outcomeOfFinalText, runCli, type StreamTranslator } from './cli-harness.js';
+import {
+  cliAccess,
+  cliInstructions,
+  cliPrompt,
+  field,
+  outcomeOfFinalText,
+  runCli,
+  type CliAccess,
+  type CliCredentials,
+  type ProviderRoute,
+  type StreamTranslator,
+} from './cli-harness.js';
 import { EFFORT } from './effort.js';
 import type { AgentEvent, Harness, RunManifest, RunOutcome } from './types.js';
 
+const OPENAI: ProviderRoute = {
+  keyVariable: 'OPENAI_API_KEY',
+  // `codex exec` documents CODEX_API_KEY as its API-key login; older releases read OPENAI_API_KEY.
+  alsoKeyVariables: ['CODEX_API_KEY'],
+  baseUrlVariable: 'OPENAI_BASE_URL',
+  defaultUpstream: 'https://api.openai.com/v1',
+  credentialHeaders: (key) => ({ authorization: `Bearer ${key}` }),
+};
+
 export class CodexHarness implements Harness {
   private readonly command: string;
-  private readonly env: Record<string, string>;
+  private readonly access: CliAccess;
 
-  /** Throws ModelConfigError when OPENAI_API_KEY is missing. */
-  constructor(agent: AgentId, env: NodeJS.ProcessEnv) {
+  /** With a credential proxy, throws ModelConfigError when OPENAI_API_KEY is missing. */
+  constructor(agent: AgentId, env: NodeJS.ProcessEnv, credentials: CliCredentials) {
     this.command = env.SVC_CODEX_COMMAND || 'codex';
-    const keys = cliEnv(env, `${agent.provider}/${agent.model}`, 'OPENAI_API_KEY', 'OPENAI_BASE_URL');
-    // `codex exec` documents CODEX_API_KEY as its API-key login; older releases read OPENAI_API_KEY.
-    this.env = { ...keys, CODEX_API_KEY: keys.OPENAI_API_KEY ?? '' };
+    this.access = cliAccess(env, `${agent.provider}/${agent.model}`, OPENAI, credentials);
   }
 
   run(manifest: RunManifest, emit: (event: AgentEvent) => Promise<void>): Promise<RunOutcome> {
@@ -47,7 +69,8 @@ export class CodexHarness implements Harness {
         commandVariable: 'SVC_CODEX_COMMAND',
         install: '`npm install -g @openai/codex`',
         argv,
-        env: this.env,
+        env: {},
+        access: this.access,
         stdin: `${cliInstructions(manifest)}\n\n${cliPrompt(manifest)}`,
         translator: new CodexStream(manifest),
       },

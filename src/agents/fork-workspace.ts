@@ -14,6 +14,16 @@ export function workspacePath(path: string): string {
   return normalized;
 }
 
+/**
+ * The `find` that lists a directory (relative to the root, normalized) two levels deep. Its start always
+ * begins with `./`: find has no `--`, and takes any argument that starts with `-`, `(` or `!` for its
+ * expression (a path `-delete` would delete the whole tree).
+ */
+export function listFilesCommand(relativePath: string): string[] {
+  const start = relativePath === '.' ? '.' : `./${relativePath}`;
+  return ['find', start, '-maxdepth', '2', '-not', '-path', '*/.git/*', '-not', '-name', '.git'];
+}
+
 export interface ForkWorkspaceOptions {
   network: boolean;
   /** Stops every command of the run (its whole process group) when aborted: cancel, lost lease. */
@@ -34,7 +44,7 @@ export function forkWorkspace(fork: Fork, options: ForkWorkspaceOptions): Worksp
     return result.stdout;
   };
   return {
-    listFiles: (path) => checked(['find', workspacePath(path), '-maxdepth', '2', '-not', '-path', '*/.git/*', '-not', '-name', '.git']),
+    listFiles: (path) => checked(listFilesCommand(workspacePath(path))),
     readFile: (path) => checked(['cat', '--', workspacePath(path)]),
     async writeFile(path, content) {
       await checked(['sh', '-c', 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"', 'sh', workspacePath(path)], content);

@@ -4,6 +4,7 @@
  */
 import type { AgentId } from '../domain/agents.js';
 import type { Effort, TaskMode } from '../protocol/rest.js';
+import type { PermissionMode, Question, QuestionAnswer } from '../protocol/runner.js';
 
 /** The event vocabulary every harness emits (journal `kind` and `data`). */
 export type AgentEvent =
@@ -47,6 +48,33 @@ export interface RunManifest {
   instructions: string | null;
   workspace: Workspace;
   signal?: AbortSignal;
+  /**
+   * A person who answers while the run goes on: a desktop runner's owner. Without it (the cloud) nobody
+   * is asked, every tool runs, and `ask_user` ends the run with a question.
+   */
+  interaction?: Interaction;
+}
+
+/** What the built-in loop asks a person, and how the person answers (docs/runner-protocol.md, permissions). */
+export interface Interaction {
+  /** `full`: nothing asks; `auto`: running a command asks; `ask`: every tool that writes or runs asks. */
+  permissionMode: PermissionMode;
+  /** Resolves with the person's decision; the tool that asked waits for it. */
+  request(ask: InteractionRequest): Promise<InteractionAnswer>;
+}
+
+export interface InteractionRequest {
+  requestId: string;
+  tool?: string;
+  input?: unknown;
+  /** A blocking question rather than a permission for a tool. */
+  kind?: 'question';
+  questions?: Question[];
+}
+
+export interface InteractionAnswer {
+  decision: 'allow' | 'deny';
+  answers?: QuestionAnswer[];
 }
 
 export type RunOutcome =

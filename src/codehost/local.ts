@@ -5,7 +5,8 @@
  * and pull requests are merged here by a person through the API, never automatically.
  */
 import { existsSync } from 'node:fs';
-import { mkdir, rm } from 'node:fs/promises';
+import { randomBytes } from 'node:crypto';
+import { mkdir, rename, rm } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import { git, GitError, revParse, runGit } from './git.js';
 
@@ -18,11 +19,26 @@ export class MergeConflictError extends Error {
   }
 }
 
+/** A branch that only moves forward was offered a commit that does not descend from it. */
+export class FastForwardError extends Error {
+  constructor(fullName: string, branch: string) {
+    super(`${branch} of ${fullName} moved meanwhile; the change does not build on it`);
+    this.name = 'FastForwardError';
+  }
+}
+
 /** The base branch moved while a merge was computed (another merge landed): try again. */
 export class BaseMovedError extends Error {
   constructor(branch: string) {
     super(`${branch} moved while the merge was made; try again`);
     this.name = 'BaseMovedError';
+  }
+}
+
+export class RepositoryExistsError extends Error {
+  constructor(fullName: string) {
+    super(`the code host already has ${fullName}`);
+    this.name = 'RepositoryExistsError';
   }
 }
 
@@ -36,21 +52,40 @@ export class LocalCodeHost {
     return join(this.dataDir, 'codehost', workspaceId, `${fullName}.git`);
   }
 
-  /** Creates the bare repository from a git URL or path; answers its default branch. */
-  async importRepository(workspaceId: string, fullName: string, source: string): Promise<{ path: string; defaultBranch: string }> {
+  /**
+   * Creates the bare repository from a git URL or path; answers its default branch. It is made beside its
+   * place and renamed into it, so that of two imports at once exactly one lands (the other gets
+   * RepositoryExistsError) and nobody ever sees half a repository. With `protocols`, the clone may use
+   * only those git transports (`file` for a path) and goes through the transport even for a path
+   * (`--no-local`: no hardlinks, no copy of whatever the source's git files point at).
+   */
+  async importRepository(
+    workspaceId: string,
+    fullName: string,
+    source: string,
+    options: { protocols?: readonly string[] } = {},
+  ): Promise<{ path: string; defaultBranch: string }> {
     const path = this.repositoryPath(workspaceId, fullName);
-    if (existsSync(path)) throw new Error(`the code host already has ${fullName}`);
+    if (existsSync(path)) throw new RepositoryExistsError(fullName);
     await mkdir(dirname(path), { recursive: true });
+    const staging = `${path}.${process.pid}-${randomBytes(4).toString('hex')}.importing`;
     try {
-      await git(['clone', '--quiet', '--bare', '--', source, path]);
-      const head = (await git(['symbolic-ref', '--short', 'HEAD'], { cwd: path })).trim();
-      if (!(await revParse(path, head))) throw new Error(`${source} has no commits on its default branch ${head}`);
+      const allowed = options.protocols ? ['-c', 'protocol.allow=never', ...options.protocols.flatMap((name) => ['-c', `protocol.${name}.allow=always`])] : [];
+      await git([...allowed, 'clone', '--quiet', '--bare', ...(options.protocols ? ['--no-local'] : []), '--', source, staging]);
+      const head = (await git(['symbolic-ref', '--short', 'HEAD'], { cwd: staging })).trim();
+      if (!(await revParse(staging, head))) throw new Error(`${source} has no commits on its default branch ${head}`);
       // A bare clone keeps the source as `origin`; the code host is the origin from now on.
-      await git(['remote', 'remove', 'origin'], { cwd: path }).catch(() => undefined);
+      await git(['remote', 'remove', 'origin'], { cwd: staging }).catch(() => undefined);
+      try {
+        await rename(staging, path);
+      } catch (error) {
+        const code = (error as NodeJS.ErrnoException).code;
+        if (code === 'EEXIST' || code === 'ENOTEMPTY') throw new RepositoryExistsError(fullName);
+        throw error;
+      }
       return { path, defaultBranch: head };
-    } catch (error) {
-      await rm(path, { recursive: true, force: true });
-      throw error;
+    } finally {
+      await rm(staging, { recursive: true, force: true });
     }
   }
 
@@ -67,10 +102,22 @@ export class LocalCodeHost {
    * data: git verifies it and reads only objects and the `HEAD` ref from it. Answers the branch's commit,
    * which must be `expectedHead` (what the sandbox said it bundled).
    */
-  async receiveBranch(workspaceId: string, fullName: string, bundle: string, branch: string, expectedHead: string): Promise<string> {
+  async receiveBranch(
+    workspaceId: string,
+    fullName: string,
+    bundle: string,
+    branch: string,
+    expectedHead: string,
+    options: { fastForwardOnly?: boolean } = {},
+  ): Promise<string> {
     const path = this.repositoryPath(workspaceId, fullName);
     await git(['bundle', 'verify', '--quiet', bundle], { cwd: path });
-    await git(['fetch', '--quiet', '--no-tags', bundle, `+HEAD:refs/heads/${branch}`], { cwd: path });
+    // A task branch is the task's to rewrite; a default branch only moves forward (FastForwardError).
+    const fetched = await runGit(['fetch', '--quiet', '--no-tags', bundle, `${options.fastForwardOnly ? '' : '+'}HEAD:refs/heads/${branch}`], { cwd: path });
+    if (fetched.code !== 0) {
+      if (options.fastForwardOnly && /non-fast-forward|rejected/.test(fetched.stderr)) throw new FastForwardError(fullName, branch);
+      throw new GitError(['fetch'], fetched.stderr);
+    }
     const head = await revParse(path, `refs/heads/${branch}`);
     if (head !== expectedHead) throw new Error(`the bundle of ${fullName} holds ${head ?? 'nothing'}, not ${expectedHead}`);
     return head;
@@ -90,14 +137,23 @@ export class LocalCodeHost {
     return [...new Set(known)];
   }
 
-  /** Writes a bundle of `branch` (from `base`) for a fresh fork to continue a task's earlier work. */
-  async bundleBranch(workspaceId: string, fullName: string, branch: string, base: string, out: string): Promise<string | null> {
+  /**
+   * Writes a bundle of `branch` for a fork: what it adds to `base` (a commit the fork has), or the whole
+   * branch without one. Answers the branch's head, or null when it does not exist or adds nothing.
+   */
+  async bundleBranch(workspaceId: string, fullName: string, branch: string, base: string | null, out: string): Promise<string | null> {
     const path = this.repositoryPath(workspaceId, fullName);
     const head = await revParse(path, `refs/heads/${branch}`);
     if (!head) return null;
     if (head === base) return null;
-    await git(['bundle', 'create', '--quiet', out, `refs/heads/${branch}`, `^${base}`], { cwd: path });
+    await git(['bundle', 'create', '--quiet', out, `refs/heads/${branch}`, ...(base ? [`^${base}`] : [])], { cwd: path });
     return head;
+  }
+
+  /** Paths that differ between two commits (for deciding whether a merge needs the setup again). */
+  async changedPaths(workspaceId: string, fullName: string, from: string, to: string): Promise<string[]> {
+    const path = this.repositoryPath(workspaceId, fullName);
+    return (await git(['diff', '--name-only', '--no-renames', from, to, '--'], { cwd: path })).split('\n').filter(Boolean);
   }
 
   /** The unified diff a pull request shows: what `head` adds since it left `base`. */

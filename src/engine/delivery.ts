@@ -183,20 +183,36 @@ export async function restoreBranch(
   host: LocalCodeHost,
   input: { workspaceId: string; fullName: string; dir: string; branch: string; base: string; bundleName: string },
 ): Promise<boolean> {
-  // A fresh fork runs nothing yet, so the transfer dir made here is ours: the bundle is written into it.
+  return bringBranch(fork, host, { ...input, apply: 'checkout' });
+}
+
+/** What the sandbox does with a branch the code host sent: check it out, fast-forward to it, or clone it. */
+export type BranchApply = 'checkout' | 'fast-forward' | 'clone';
+
+const APPLY_SCRIPT: Record<BranchApply, string[]> = {
+  checkout: ['cd "/workspace/$1"', `git fetch --quiet --no-tags "/workspace/${TRANSFER_DIR}/$3" "refs/heads/$2"`, 'git checkout --quiet -B "$2" FETCH_HEAD'],
+  'fast-forward': ['cd "/workspace/$1"', `git fetch --quiet --no-tags "/workspace/${TRANSFER_DIR}/$3" "refs/heads/$2"`, 'git merge --quiet --ff-only FETCH_HEAD'],
+  clone: ['cd /workspace', `git clone --quiet --branch "$2" "/workspace/${TRANSFER_DIR}/$3" "$1"`, 'git -C "$1" remote remove origin'],
+};
+
+/**
+ * Brings a code-host branch into a repository of the fork as a bundle (written by the host, read by the
+ * sandbox: the sandbox never sees the code host). `base` is a commit the fork's repository has (the
+ * bundle then holds only what is new), or null for the whole branch. False when there was nothing to bring.
+ */
+export async function bringBranch(
+  fork: Fork,
+  host: LocalCodeHost,
+  input: { workspaceId: string; fullName: string; dir: string; branch: string; base: string | null; bundleName: string; apply: BranchApply },
+): Promise<boolean> {
+  // Nothing runs in the fork while this runs, so the transfer dir made here is ours.
   await clearTransfers(fork);
   const dir = join(fork.changesDir, TRANSFER_DIR);
   await mkdir(dir);
   try {
     const head = await host.bundleBranch(input.workspaceId, input.fullName, input.branch, input.base, join(dir, input.bundleName));
     if (!head) return false;
-    const script = [
-      'set -e',
-      'cd "/workspace/$1"',
-      `git fetch --quiet --no-tags "/workspace/${TRANSFER_DIR}/$3" "refs/heads/$2"`,
-      'git checkout --quiet -B "$2" FETCH_HEAD',
-    ].join('\n');
-    await checked(fork, ['sh', '-c', script, 'sh', input.dir, input.branch, input.bundleName]);
+    await checked(fork, ['sh', '-c', ['set -e', ...APPLY_SCRIPT[input.apply]].join('\n'), 'sh', input.dir, input.branch, input.bundleName]);
     return true;
   } finally {
     await clearTransfers(fork);

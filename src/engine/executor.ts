@@ -8,9 +8,9 @@
  */
 import { eq } from 'drizzle-orm';
 import type { Logger } from 'pino';
+import { CredentialProxy } from '../agents/credential-proxy.js';
 import { harnessFor } from '../agents/registry.js';
 import type { AgentEvent, Harness } from '../agents/types.js';
-import { LocalCodeHost } from '../codehost/local.js';
 import { parseAgentId, type AgentId } from '../domain/agents.js';
 import { priceOf } from '../domain/pricing.js';
 import { creditBalance, recordUsage } from '../store/credits.js';
@@ -18,14 +18,15 @@ import type { Database } from '../store/db.js';
 import { appendEvents, EVENTS_CHANNEL } from '../store/journal.js';
 import { tasks } from '../store/schema.js';
 import { insertMessage, type JobRow } from '../store/tasks.js';
+import type { Environments } from './environments.js';
 import { JobRun, type JobRunDeps, type StartDevServers, type TaskForks } from './job-run.js';
 import { finishJob, StaleGenerationError, type JobResult } from './jobs.js';
 import { claimNextJob, failExpiredLeases, JOBS_CHANNEL, renewLease } from './queue.js';
 
 export interface ExecutorOptions {
   database: Database;
-  /** Holds `environments/<workspace id>` and `forks/`. */
-  dataDir: string;
+  /** The workspace environments jobs fork. */
+  environments: Environments;
   /** Names this executor in job leases. */
   owner: string;
   concurrency: number;
@@ -45,7 +46,8 @@ export interface ExecutorOptions {
 export const SHUTDOWN_ERROR = 'The service shut down while this job ran; it was stopped. Send a follow-up message to run it again.';
 
 export class Executor {
-  private readonly codeHost: LocalCodeHost;
+  /** One for every run of this executor: agent CLIs reach their providers through it, never with the key. */
+  private readonly credentialProxy: CredentialProxy;
   private stopped = false;
   private stopping: Promise<void> | null = null;
   private wake: (() => void) | null = null;
@@ -54,7 +56,7 @@ export class Executor {
   private readonly running = new Map<string, { job: JobRow; controller: AbortController }>();
 
   constructor(private readonly options: ExecutorOptions) {
-    this.codeHost = new LocalCodeHost(options.dataDir);
+    this.credentialProxy = new CredentialProxy({ logger: options.logger });
   }
 
   async start(): Promise<void> {
@@ -76,6 +78,7 @@ export class Executor {
       this.wake?.();
       await Promise.all(this.slots);
       await Promise.all(this.unlisten.map((stop) => stop()));
+      await this.credentialProxy.close();
     })();
     return this.stopping;
   }
@@ -182,16 +185,16 @@ export class Executor {
     }
     let harness: Harness;
     try {
-      harness = harnessFor(parsed, this.options.modelEnv ?? process.env);
+      harness = harnessFor(parsed, this.options.modelEnv ?? process.env, { credentialProxy: this.credentialProxy });
     } catch (error) {
       return { status: 'FAILED', error: (error as Error).message };
     }
     const deps: JobRunDeps = {
       db,
-      dataDir: this.options.dataDir,
+      environments: this.options.environments,
       publicUrl: this.options.publicUrl,
       forks: this.options.forks,
-      codeHost: this.codeHost,
+      codeHost: this.options.environments.codeHost,
       logger: this.options.logger.child({ jobId: job.id }),
       ...(this.options.startDevServers ? { startDevServers: this.options.startDevServers } : {}),
     };

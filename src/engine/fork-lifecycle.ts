@@ -4,7 +4,9 @@
  * files. An idle fork is stopped (its dev servers) after `idleStopMs` since last use, a stopped fork is
  * archived (a gzipped tar of its own files, then its directory goes) after `archiveMs`, and an archived
  * fork is deleted `deleteMs` after its last use. Acquiring a task's fork reuses it, restoring it first if
- * it was archived.
+ * it was archived. A fork stays on the environment version it was made from (its lower layers never
+ * change); `acquire` says when a newer version exists, and `renew` replaces the fork with a fresh one of
+ * it, which the job does when that loses no work.
  *
  * Several processes on one host may run lifecycles over the same forks. The database decides who does a
  * move: every move is a conditional UPDATE on the observed state. The order, and what a crash leaves:
@@ -25,13 +27,13 @@
  *   archive or the whole fork); else a fresh fork is made. A crash leaves the fork active under a job
  *   that does not run, which the next acquire takes over, and which tick stops once it is idle long.
  */
-import { existsSync } from 'node:fs';
+import { existsSync, readdirSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { and, eq, isNull } from 'drizzle-orm';
 import type { Logger } from 'pino';
 import { readProcessRecords, stopRecordedProcesses, type ProcessRecord } from '../sandbox/dev-servers.js';
-import { type Fork, ForkManager, sandboxCapabilities, type ForkMode, type SandboxPolicy } from '../sandbox/fork.js';
+import { type EnvironmentSnapshot, type Fork, ForkManager, LOWER_SUFFIX, readSnapshot, sandboxCapabilities, type ForkMode, type SandboxPolicy } from '../sandbox/fork.js';
 import type { Database } from '../store/db.js';
 import {
   dueCondition,
@@ -65,8 +67,16 @@ export interface AcquireInput {
   /** The task's slug: letters, digits, `-` and `_`. */
   name: string;
   jobId: string;
-  /** The workspace environment the fork copies. */
-  environment: string;
+  /** The workspace environment's current version: what a fresh fork copies. */
+  environment: EnvironmentSnapshot;
+}
+
+export interface AcquiredFork {
+  fork: Fork;
+  /** Made fresh now (nothing of earlier jobs in it). */
+  fresh: boolean;
+  /** A kept fork of an older environment version than `environment`. */
+  outdated: boolean;
 }
 
 export interface TickResult {
@@ -124,7 +134,7 @@ export class ForkLifecycle {
    * made fresh (`fresh: true`). Waits for a move under way on it; throws ForkBusyError while another job
    * that still runs holds it.
    */
-  async acquire(input: AcquireInput): Promise<{ fork: Fork; fresh: boolean }> {
+  async acquire(input: AcquireInput): Promise<AcquiredFork> {
     const manager = this.manager(input.workspaceId);
     manager.dirOf(input.name); // refuses a bad name before anything is written
     const key = { host: this.options.host, workspaceId: input.workspaceId, name: input.name };
@@ -180,26 +190,67 @@ export class ForkLifecycle {
   }
 
   /** The claimed fork's files: its directory as it is, restored from its archive, or made fresh. */
-  private async materialize(manager: ForkManager, row: ForkRow, previous: string, environment: string): Promise<{ fork: Fork; fresh: boolean }> {
+  private async materialize(manager: ForkManager, row: ForkRow, previous: string, environment: EnvironmentSnapshot): Promise<AcquiredFork> {
     const mode = row.mode as ForkMode;
-    if (previous !== 'deleted' && manager.isStale(row.name, environment)) {
-      this.options.logger.warn({ fork: row.name, workspaceId: row.workspaceId }, 'the environment changed under this fork; starting a fresh fork');
-    } else if (previous !== 'deleted') {
+    const kept = (fork: Fork | null): AcquiredFork | null => (fork ? { fork, fresh: false, outdated: fork.info.lower.version !== environment.version } : null);
+    if (previous !== 'deleted') {
+      let reused: AcquiredFork | null = null;
       if (existsSync(manager.dirOf(row.name))) {
         // An archive beside the directory is left by a crash between a restore's rename and its cleanup.
         await rm(manager.archiveOf(row.name), { force: true });
-        return { fork: await manager.open(row.name, environment, mode), fresh: false };
-      }
-      if (existsSync(manager.archiveOf(row.name))) {
+        reused = kept(await manager.open(row.name, mode));
+      } else if (existsSync(manager.archiveOf(row.name))) {
         this.options.logger.info({ fork: row.name, workspaceId: row.workspaceId }, 'restoring an archived fork');
-        return { fork: await manager.restore(row.name, environment, mode), fresh: false };
+        reused = kept(await manager.restore(row.name, mode));
       }
-      this.options.logger.warn({ fork: row.name, workspaceId: row.workspaceId, state: previous }, "the fork's files are gone; starting a fresh fork");
+      if (reused) return reused;
+      this.options.logger.warn({ fork: row.name, workspaceId: row.workspaceId, state: previous }, "the fork's files are gone or predate environment versions; starting a fresh fork");
     }
+    return { fork: await this.makeFresh(manager, row, environment), fresh: true, outdated: false };
+  }
+
+  private async makeFresh(manager: ForkManager, row: ForkRow, environment: EnvironmentSnapshot): Promise<Fork> {
     await manager.removeAll(row.name);
     const fork = await manager.create(row.name, environment);
     if (fork.info.mode !== row.mode) await setForkMode(this.db, row.id, row.jobId ?? '', fork.info.mode);
-    return { fork, fresh: true };
+    return fork;
+  }
+
+  /**
+   * Replaces a fork this process holds with a fresh one of `environment` (the job found nothing in it
+   * that a fresh fork would lose). The old fork must run nothing any more.
+   */
+  async renew(fork: Fork, environment: EnvironmentSnapshot): Promise<Fork> {
+    const held = this.held.get(fork);
+    if (!held) throw new Error(`fork ${fork.info.name} was not acquired here`);
+    const row = await findFork(this.db, { host: this.options.host, workspaceId: held.workspaceId, name: fork.info.name });
+    if (!row || row.state !== 'active' || row.jobId !== held.jobId) throw new ForkBusyError(fork.info.name, row?.jobId ?? null);
+    // Dev servers an earlier job left running (the fork was idle, not yet stopped) go with their fork.
+    await stopRecordedProcesses(fork.info.dir, readProcessRecords(fork.info.dir));
+    const fresh = await this.makeFresh(this.manager(held.workspaceId), row, environment);
+    this.held.delete(fork);
+    this.held.set(fresh, held);
+    return fresh;
+  }
+
+  /**
+   * The environment versions forks of `workspaceId` use, on every host under `forksParent` (`dataDir/forks`):
+   * what environment garbage collection must keep.
+   */
+  static versionsInUse(forksParent: string, workspaceId: string): Set<number> {
+    const versions = new Set<number>();
+    if (!existsSync(forksParent)) return versions;
+    for (const host of readdirSync(forksParent)) {
+      const dir = join(forksParent, host, workspaceId);
+      if (!existsSync(dir)) continue;
+      for (const entry of readdirSync(dir)) {
+        if (!entry.endsWith(LOWER_SUFFIX)) continue;
+        const snapshot = readSnapshot(join(dir, entry));
+        // A record that cannot be read protects nothing; its fork is made fresh when next acquired.
+        if (snapshot) versions.add(snapshot.version);
+      }
+    }
+    return versions;
   }
 
   /** The job is done with the fork: it stays as it is, idle, for the task's next job. */

@@ -13,8 +13,9 @@ import type { LocalCodeHost } from '../codehost/local.js';
 import { isReadOnlyMode, modeOfJobType, type AgentId } from '../domain/agents.js';
 import type { Effort, JobType, TaskMode } from '../protocol/rest.js';
 import { EFFORT } from '../agents/effort.js';
-import { parseEnvironmentConfig, readEnvironmentConfig, type CheckSpec, type EnvironmentConfig } from '../sandbox/environment.js';
-import type { Fork } from '../sandbox/fork.js';
+import { parseEnvironmentConfig, type CheckSpec, type EnvironmentConfig } from '../sandbox/environment.js';
+import type { EnvironmentVersion } from '../sandbox/environment-versions.js';
+import type { EnvironmentSnapshot, Fork } from '../sandbox/fork.js';
 import { creditBalance } from '../store/credits.js';
 import type { Db } from '../store/db.js';
 import { recordPullRequestPush, taskPullRequests } from '../store/pull-requests.js';
@@ -22,13 +23,15 @@ import { listRepositories, type RepositoryRow } from '../store/repositories.js';
 import type { CheckProof } from '../store/schema.js';
 import { listMessages, type JobRow, type PullRequestRow, type TaskRow } from '../store/tasks.js';
 import { findWorkspace } from '../store/workspaces.js';
-import { clearTransfers, commitAndBundle, inspectRepositories, proofMarkdown, restoreBranch, runChecks } from './delivery.js';
+import { bringBranch, clearTransfers, commitAndBundle, inspectRepositories, proofMarkdown, restoreBranch, runChecks } from './delivery.js';
+import type { Environments } from './environments.js';
+import { Handoff } from './runners/delegation.js';
 import { assertJobHeld, type JobResult } from './jobs.js';
-import { ensureEnvironment } from './repositories.js';
 
 /** Where a task's forks come from: the fork lifecycle keeps one per task between its jobs. */
 export interface TaskForks {
-  acquire(input: { workspaceId: string; taskId: string; name: string; jobId: string; environment: string }): Promise<{ fork: Fork; fresh: boolean }>;
+  acquire(input: { workspaceId: string; taskId: string; name: string; jobId: string; environment: EnvironmentSnapshot }): Promise<{ fork: Fork; fresh: boolean; outdated: boolean }>;
+  renew(fork: Fork, environment: EnvironmentSnapshot): Promise<Fork>;
   release(fork: Fork): Promise<void>;
   discard(fork: Fork): Promise<void>;
 }
@@ -44,7 +47,7 @@ export type StartDevServers = (fork: Fork, config: EnvironmentConfig, options: {
 
 export interface JobRunDeps {
   db: Db;
-  dataDir: string;
+  environments: Environments;
   publicUrl: string;
   forks: TaskForks;
   codeHost: LocalCodeHost;
@@ -110,6 +113,8 @@ interface RunInput {
 export class JobRun {
   private readonly mode: TaskMode;
   private readonly readOnly: boolean;
+  /** What the agent is told about the state its fork was found in (closed pull requests, say). */
+  private readonly forkNotes: string[] = [];
 
   constructor(
     private readonly deps: JobRunDeps,
@@ -120,19 +125,25 @@ export class JobRun {
   }
 
   async execute(): Promise<JobResult> {
-    const { db, dataDir, forks } = this.deps;
+    const { db, environments, forks } = this.deps;
     const { job, task } = this.input;
     const workspace = await findWorkspace(db, job.workspaceId);
     if (!workspace) return { status: 'FAILED', error: 'the workspace of this job no longer exists' };
-    const environment = await ensureEnvironment(db, dataDir, workspace);
+    const environment = await environments.ensure(workspace);
     const repositories = await listRepositories(db, job.workspaceId);
-    const { fork, fresh } = await forks.acquire({ workspaceId: job.workspaceId, taskId: task.id, name: task.slug, jobId: job.id, environment });
+    const acquired = await forks.acquire({ workspaceId: job.workspaceId, taskId: task.id, name: task.slug, jobId: job.id, environment });
+    let { fork, fresh } = acquired;
     let devServers: DevServers | null = null;
     try {
-      const open = (await taskPullRequests(this.deps.db, task.id)).filter((pr) => pr.state === 'open');
-      if (fresh) await this.restoreBranches(fork, repositories, open);
-      const config = await this.readConfig(environment);
+      const pullRequests = await taskPullRequests(this.deps.db, task.id);
+      const open = pullRequests.filter((pr) => pr.state === 'open');
       const targets = await this.targetsOf(repositories, open);
+      if (acquired.outdated) ({ fork, fresh } = await this.renewIfSafe(fork, environment, targets));
+      if (fresh) await this.restoreBranches(fork, repositories, open);
+      else if (!this.readOnly) await this.setClosedWorkAside(fork, repositories, pullRequests);
+      const handoffProblem = await this.checkOutHandoff(fork, repositories);
+      if (handoffProblem) return { status: 'FAILED', error: handoffProblem };
+      const config = await this.readConfig(environment);
       devServers = (await this.deps.startDevServers?.(fork, config, { network: config.network, signal: this.input.signal })) ?? null;
       const { outcome, checks } = await this.agentRounds(fork, config, targets, devServers);
       if (this.readOnly || outcome.status !== 'completed') return resultOf(outcome);
@@ -152,13 +163,34 @@ export class JobRun {
   }
 
   /**
+   * A kept fork of an older environment version (merges or setups landed since) is replaced with a fresh
+   * fork of the current one when that loses nothing: no uncommitted change and no commit the code host
+   * lacks (what its open pull requests hold comes back with their branches). Otherwise the task goes on
+   * in its fork as it is, and the journal says why.
+   */
+  private async renewIfSafe(fork: Fork, environment: EnvironmentVersion, targets: Target[]): Promise<{ fork: Fork; fresh: boolean }> {
+    const states = await inspectRepositories(fork, targets, this.input.signal);
+    const unsaved = states.filter((state) => state.dirty || state.ahead > 0).map((state) => targets.find((target) => target.dir === state.dir)?.repository.fullName ?? state.dir);
+    if (unsaved.length === 0) return { fork: await this.deps.forks.renew(fork, environment), fresh: true };
+    await this.input.emit({
+      kind: 'message',
+      data: {
+        text:
+          `The environment changed since this task's fork was made (version ${fork.info.lower.version}, now ${environment.version}), but the fork holds work ` +
+          `that is in no pull request yet (${unsaved.join(', ')}), so the task goes on in it as it is.`,
+      },
+    });
+    return { fork, fresh: false };
+  }
+
+  /**
    * The environment's config as the environment has it, not as the fork does: the agent may edit the
    * fork's copy, but its network policy and checks apply only once a person merged the change. A broken
    * config is not fatal to a `dev_env` run, which is there to repair it.
    */
-  private async readConfig(environment: string): Promise<EnvironmentConfig> {
+  private async readConfig(environment: EnvironmentVersion): Promise<EnvironmentConfig> {
     try {
-      return await readEnvironmentConfig(environment);
+      return parseEnvironmentConfig(environment.record.config);
     } catch (error) {
       if (this.mode !== 'dev_env') throw error;
       await this.input.emit({ kind: 'message', data: { text: `The environment config is broken: ${(error as Error).message}` } });
@@ -190,6 +222,81 @@ export class JobRun {
     }
   }
 
+  /**
+   * Work handed off from a local run (its message's `metadata.handoff`, engine/runners/delegation.ts)
+   * starts from exactly the commits handed off: each branch is brought from the code host and checked out.
+   * A branch that moved since, or a checkout that is not that commit, fails the job naming the branch
+   * rather than let the agent work on other code than the one handed over. Answers the failure, if any.
+   */
+  private async checkOutHandoff(fork: Fork, repositories: RepositoryRow[]): Promise<string | null> {
+    const { db, codeHost, environments } = this.deps;
+    const { job, signal } = this.input;
+    if (!job.messageId) return null;
+    const message = (await listMessages(db, job.taskId)).find((candidate) => candidate.id === job.messageId);
+    const handoff = Handoff.safeParse((message?.metadata as { handoff?: unknown } | null | undefined)?.handoff);
+    if (!handoff.success) return null;
+    const heads = environments.store(job.workspaceId).read(fork.info.lower.version)?.record.heads ?? {};
+    for (const { repository: fullName, branch, commit } of handoff.data.branches) {
+      const repository = repositories.find((candidate) => candidate.fullName === fullName);
+      if (!repository) return `the handed-off repository ${fullName} is not connected to this workspace any more`;
+      const moved = (now: string | null) =>
+        `the branch ${branch} of ${fullName} moved since the handoff (handed off at ${commit}, now ${now ?? 'deleted'}); hand the work off again from the local task`;
+      const head = await codeHost.resolve(job.workspaceId, fullName, `refs/heads/${branch}`);
+      if (head !== commit) return moved(head);
+      const start = heads[repository.dir] ?? null;
+      try {
+        if (start === commit) {
+          // The environment's working copy is at that commit already: the code host has nothing to send.
+          const result = await fork.run(['sh', '-c', 'cd "/workspace/$1" && git checkout --quiet -B "$2" "$3"', 'sh', repository.dir, branch, commit], { timeoutMs: 120_000, signal });
+          if (result.exitCode !== 0) throw new Error(result.stderr.trim() || `git checkout exited ${result.exitCode}`);
+        } else {
+          // Only a commit the code host has can bound the bundle (the working copy may hold an operator's own).
+          const base = start && (await codeHost.resolve(job.workspaceId, fullName, start)) ? start : null;
+          await bringBranch(fork, codeHost, { workspaceId: job.workspaceId, fullName, dir: repository.dir, branch, base, bundleName: `handoff-${repository.id}.bundle`, apply: 'checkout' });
+        }
+      } catch (error) {
+        return `the handed-off branch ${branch} of ${fullName} could not be checked out: ${(error as Error).message}`;
+      }
+      const checkedOut = (await fork.run(['git', 'rev-parse', 'HEAD'], { cwd: repository.dir, timeoutMs: 60_000, signal })).stdout.trim();
+      if (checkedOut !== commit) return moved(await codeHost.resolve(job.workspaceId, fullName, `refs/heads/${branch}`));
+      await this.input.emit({ kind: 'message', data: { text: `Checked out the handed-off branch ${branch} of ${fullName} at ${commit}.` } });
+    }
+    return null;
+  }
+
+  /**
+   * A person closed the task's pull request in a repository without merging it: the work it held was
+   * turned down, so the task's fork puts it aside (on a branch `svc-closed/<number>`) and the repository
+   * goes back to where the fork started, so that the next pull request does not carry it again. Only
+   * done when the repository holds nothing uncommitted, which it keeps otherwise (and says so).
+   */
+  private async setClosedWorkAside(fork: Fork, repositories: RepositoryRow[], pullRequests: PullRequestRow[]): Promise<void> {
+    const version = this.deps.environments.store(this.input.job.workspaceId).read(fork.info.lower.version);
+    for (const repository of repositories) {
+      const latest = pullRequests.filter((pr) => pr.repositoryId === repository.id).at(-1);
+      const start = version?.record.heads[repository.dir];
+      if (!latest || latest.state !== 'closed' || !latest.headSha || !start) continue;
+      const script = [
+        'cd "/workspace/$1" || exit 0',
+        'git merge-base --is-ancestor "$2" HEAD 2>/dev/null || exit 0',
+        '[ -z "$(git status --porcelain)" ] || { echo dirty; exit 0; }',
+        'git branch -f "svc-closed/$4" HEAD && git reset --quiet --hard "$3" && echo reset',
+      ].join('\n');
+      const result = await fork.run(['sh', '-c', script, 'sh', repository.dir, latest.headSha, start, String(latest.prNumber)], { timeoutMs: 60_000, signal: this.input.signal });
+      const said = result.stdout.trim();
+      const text =
+        said === 'reset'
+          ? `Pull request #${latest.prNumber} of ${repository.fullName} was closed without being merged, so its work was set aside on the branch svc-closed/${latest.prNumber} and ${repository.dir}/ was reset to where this task started.`
+          : said === 'dirty'
+            ? `Pull request #${latest.prNumber} of ${repository.fullName} was closed without being merged, but ${repository.dir}/ has uncommitted changes, so its work is still checked out.`
+            : null;
+      if (result.exitCode !== 0) this.deps.logger.warn({ repository: repository.fullName, stderr: result.stderr }, 'setting closed work aside failed');
+      if (!text) continue;
+      this.forkNotes.push(text);
+      await this.input.emit({ kind: 'message', data: { text } });
+    }
+  }
+
   /** Each repository with the commits the code host has of it: its default branch's recent history and the task's open branch. */
   private async targetsOf(repositories: RepositoryRow[], open: PullRequestRow[]): Promise<Target[]> {
     return Promise.all(
@@ -208,7 +315,7 @@ export class JobRun {
     const history = thread
       .filter((message) => message.id !== job.messageId)
       .map((message) => ({ role: message.role === 'agent' ? ('assistant' as const) : ('user' as const), content: message.body }));
-    const notes = [job.instructions, environmentNotes(config, devServers)].filter(Boolean).join('\n\n');
+    const notes = [job.instructions, environmentNotes(config, devServers), ...this.forkNotes].filter(Boolean).join('\n\n');
     return {
       input: job.input ?? '',
       history,

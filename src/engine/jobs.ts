@@ -62,37 +62,46 @@ export async function finishJob(db: Db, jobId: string, generation: number, resul
   return db.transaction(async (tx) => {
     const current = await lockJobAndTask(tx, jobId);
     if (!current || current.generation !== generation) throw new StaleGenerationError(jobId, generation);
-    const job = await updateJob(
-      tx,
-      jobId,
-      {
-        status: result.status,
-        finalAnswer: result.finalAnswer ?? null,
-        plan: result.plan ?? null,
-        planOutcome: result.planOutcome ?? null,
-        error: result.error ?? null,
-        completedAt: new Date(),
-      },
-      jobStatesInto(result.status).filter((from) => from === 'IN_PROGRESS'),
-    );
-    if (!job) throw new StaleGenerationError(jobId, generation);
-    const [open] = await tx
-      .select({ n: sql<number>`count(*)::int` })
-      .from(pullRequests)
-      .where(and(eq(pullRequests.taskId, job.taskId), eq(pullRequests.state, 'open')));
-    const next = taskStatusAfterJob({
-      status: result.status,
-      planReady: result.planOutcome === 'READY',
-      awaitingInput: result.awaitingInput ?? false,
-      hasOpenPullRequests: (open?.n ?? 0) > 0,
-      moreQueued: (await countJobs(tx, job.taskId, ['PENDING'])) > 0,
-    });
-    // A task cancelled meanwhile stays cancelled: the move is conditional on the task still running.
-    await updateTask(tx, job.taskId, { status: next }, ['IN_PROGRESS']);
-    // Log streams that follow the task learn that it may have gone idle.
-    await notify(tx, EVENTS_CHANNEL, job.taskId);
-    return job;
+    return finishLockedJob(tx, current, result);
   });
+}
+
+/**
+ * finishJob's move for a job whose task and row the caller has locked (in that order) and whose
+ * generation it checked: the runner's completion receipt ends its run this way.
+ */
+export async function finishLockedJob(tx: Db, current: JobRow, result: JobResult, extra: Partial<Pick<JobRow, 'runnerState' | 'parked'>> = {}): Promise<JobRow> {
+  const job = await updateJob(
+    tx,
+    current.id,
+    {
+      status: result.status,
+      finalAnswer: result.finalAnswer ?? null,
+      plan: result.plan ?? null,
+      planOutcome: result.planOutcome ?? null,
+      error: result.error ?? null,
+      completedAt: new Date(),
+      ...extra,
+    },
+    jobStatesInto(result.status).filter((from) => from === 'IN_PROGRESS'),
+  );
+  if (!job) throw new StaleGenerationError(current.id, current.generation);
+  const [open] = await tx
+    .select({ n: sql<number>`count(*)::int` })
+    .from(pullRequests)
+    .where(and(eq(pullRequests.taskId, job.taskId), eq(pullRequests.state, 'open')));
+  const next = taskStatusAfterJob({
+    status: result.status,
+    planReady: result.planOutcome === 'READY',
+    awaitingInput: result.awaitingInput ?? false,
+    hasOpenPullRequests: (open?.n ?? 0) > 0,
+    moreQueued: (await countJobs(tx, job.taskId, ['PENDING'])) > 0,
+  });
+  // A task cancelled meanwhile stays cancelled: the move is conditional on the task still running.
+  await updateTask(tx, job.taskId, { status: next }, ['IN_PROGRESS']);
+  // Log streams that follow the task learn that it may have gone idle.
+  await notify(tx, EVENTS_CHANNEL, job.taskId);
+  return job;
 }
 
 /**

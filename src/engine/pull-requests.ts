@@ -1,25 +1,24 @@
 /**
  * Pull requests on the built-in code host, as people see them through the API: list, read with the
  * diff, merge, close. Merging is always a person's act; it completes the task (SPEC.md "States and
- * transitions": a linked pull request merged → the task becomes Completed) and brings the environment's
- * working copy up to date, so later forks start from the merged code.
+ * transitions": a linked pull request merged → the task becomes Completed) and brings the environment up
+ * to date (a new version: forks made from now on start from the merged code; running ones keep theirs).
  */
-import { BaseMovedError, LocalCodeHost, MergeConflictError } from '../codehost/local.js';
+import type { Logger } from 'pino';
+import { BaseMovedError, MergeConflictError } from '../codehost/local.js';
 import { taskStatesInto } from '../domain/states.js';
-import { git } from '../codehost/git.js';
 import { ConflictError, NotFoundError } from '../domain/errors.js';
-import { environmentDir } from '../sandbox/environment.js';
-import { bumpEnvironmentVersion } from '../sandbox/fork.js';
 import type { Db } from '../store/db.js';
 import { findPullRequest, listPullRequests, setPullRequestState, taskPullRequests } from '../store/pull-requests.js';
-import { findRepository, listRepositories, type RepositoryRow } from '../store/repositories.js';
+import { listRepositories, type RepositoryRow } from '../store/repositories.js';
 import { updateTask, type PullRequestRow } from '../store/tasks.js';
-import { join } from 'node:path';
+import type { Environments } from './environments.js';
 import type { Caller } from './tasks.js';
 
 export interface PullRequestDeps {
   db: Db;
-  dataDir: string;
+  environments: Environments;
+  logger: Pick<Logger, 'warn'>;
 }
 
 const pullRequestNotFound = (): NotFoundError => new NotFoundError('Pull request not found');
@@ -39,7 +38,7 @@ export async function listWorkspacePullRequests(
 export async function getPullRequest(deps: PullRequestDeps, caller: Caller, fullName: string, number: number): Promise<{ pullRequest: PullRequestRow; diff: string }> {
   const pullRequest = await findPullRequest(deps.db, caller.workspaceId, fullName, number);
   if (!pullRequest) throw pullRequestNotFound();
-  const host = new LocalCodeHost(deps.dataDir);
+  const host = deps.environments.codeHost;
   const diff = pullRequest.baseSha && pullRequest.headSha ? await host.diff(caller.workspaceId, fullName, pullRequest.baseSha, pullRequest.headSha) : '';
   return { pullRequest, diff };
 }
@@ -55,7 +54,7 @@ export async function mergePullRequest(deps: PullRequestDeps, caller: Caller, fu
     if (pullRequest.state !== 'open') throw new ConflictError(`Pull request is ${pullRequest.state}`, { state: pullRequest.state });
     if (!pullRequest.headBranch || !pullRequest.baseBranch) throw new ConflictError('Pull request has no branches to merge');
     if (!pullRequest.headSha) throw new ConflictError('Pull request has no commit to merge');
-    const host = new LocalCodeHost(deps.dataDir);
+    const host = deps.environments.codeHost;
     try {
       // The commit the pull request shows, not whatever its branch holds now: only reviewed code lands.
       await host.merge(caller.workspaceId, fullName, pullRequest.baseBranch, pullRequest.headSha, `Merge pull request #${number}: ${pullRequest.title}`);
@@ -70,7 +69,9 @@ export async function mergePullRequest(deps: PullRequestDeps, caller: Caller, fu
     await updateTask(tx, pullRequest.taskId, { status: 'COMPLETED' }, taskStatesInto('COMPLETED').filter((from) => from !== 'IN_PROGRESS' && from !== 'PENDING'));
     return row;
   });
-  await refreshWorkingCopy(deps, caller.workspaceId, fullName);
+  // The merge is done on the code host either way; an environment that could not catch up now does at
+  // the scheduler's next sweep.
+  await deps.environments.afterMerge(caller.workspaceId).catch((error: unknown) => deps.logger.warn({ err: error }, 'the environment could not catch up with a merge yet'));
   return merged;
 }
 
@@ -85,22 +86,4 @@ export async function closePullRequest(deps: PullRequestDeps, caller: Caller, fu
     if (!stillOpen) await updateTask(tx, pullRequest.taskId, { status: 'COMPLETED' }, ['IN_REVIEW']);
     return row;
   });
-}
-
-/**
- * Fast-forwards the environment's working copy of the repository to its merged default branch. A working
- * copy that cannot fast-forward (an operator's local commits) is left as it is.
- */
-async function refreshWorkingCopy(deps: PullRequestDeps, workspaceId: string, fullName: string): Promise<void> {
-  const repository = await findRepository(deps.db, workspaceId, fullName);
-  if (!repository) return;
-  const workingCopy = join(environmentDir(deps.dataDir, workspaceId), repository.dir);
-  try {
-    await git(['fetch', '--quiet', 'origin'], { cwd: workingCopy });
-    // Forks made from the environment as it was must not see it change under them.
-    await bumpEnvironmentVersion(environmentDir(deps.dataDir, workspaceId));
-    await git(['merge', '--quiet', '--ff-only', `origin/${repository.defaultBranch}`], { cwd: workingCopy });
-  } catch {
-    // The merge is done on the code host either way; the next `dev_env` run or operator can update it.
-  }
 }

@@ -8,7 +8,7 @@
  * not retried: an agent run has side effects (pushed branches, opened pull requests) that a blind
  * re-run could duplicate. A follow-up message runs the task again deliberately.
  */
-import { and, asc, eq, lt, sql } from 'drizzle-orm';
+import { and, asc, eq, isNull, lt, sql } from 'drizzle-orm';
 import type { Db } from '../store/db.js';
 import { jobs, tasks } from '../store/schema.js';
 import { updateTask, type JobRow } from '../store/tasks.js';
@@ -38,6 +38,8 @@ export async function claimNextJob(db: Db, options: ClaimOptions): Promise<JobRo
         and(
           eq(jobs.status, 'PENDING'),
           eq(tasks.status, 'PENDING'),
+          // Local runs are their runner's to claim (the runner protocol), never an executor's.
+          isNull(jobs.runnerId),
           sql`not exists (select 1 from jobs earlier where earlier.task_id = ${jobs.taskId} and earlier.status = 'PENDING' and earlier.seq < ${jobs.seq})`,
         ),
       )

@@ -1,32 +1,19 @@
 /**
- * Connecting repositories to a workspace (`svc admin repo add`), and the workspace environment they live
- * in. The environment directory is itself a git repository, `svc/environment`, holding the environment
- * config (`.svc/environment.json`) and ignoring the working copies beside it: a `dev_env` run changes it
- * through a pull request like any other repository, and merging that pull request applies it.
+ * Connecting repositories to a workspace (`svc admin repo add`, `POST /api/v1/repos`): the code host gets
+ * a bare copy, and the workspace environment (environments.ts) a working copy and a config entry.
  */
-import { existsSync } from 'node:fs';
-import { mkdir, readFile, rm, writeFile } from 'node:fs/promises';
-import { basename, join, resolve } from 'node:path';
-import { FULL_NAME, LocalCodeHost } from '../codehost/local.js';
-import { git, revParse } from '../codehost/git.js';
-import { TRANSFER_DIR } from './delivery.js';
+import { existsSync, lstatSync, readFileSync, realpathSync } from 'node:fs';
+import { basename, isAbsolute, join, resolve } from 'node:path';
+import { GitError } from '../codehost/git.js';
+import { FULL_NAME, RepositoryExistsError, type LocalCodeHost } from '../codehost/local.js';
 import { ConflictError, NotFoundError, ValidationError } from '../domain/errors.js';
 import type { Db } from '../store/db.js';
 import { findRepository, insertRepository, listRepositories, type RepositoryRow } from '../store/repositories.js';
-import { findWorkspaceByName, type Workspace } from '../store/workspaces.js';
-import { bumpEnvironmentVersion, directSandbox, type SandboxPolicy } from '../sandbox/fork.js';
-import {
-  environmentDir,
-  readEnvironmentConfig,
-  writeEnvironmentConfig,
-  CONFIG_FILE,
-  type CheckSpec,
-  type RepositorySpec,
-} from '../sandbox/environment.js';
+import { findWorkspace, findWorkspaceByName, type Workspace } from '../store/workspaces.js';
+import type { RepositorySpec } from '../sandbox/environment.js';
+import { ENVIRONMENT_REPOSITORY, type Environments, type SetupResult } from './environments.js';
 
-/** The environment's own repository: its config, reviewed like code. */
-export const ENVIRONMENT_REPOSITORY = 'svc/environment';
-export const ENVIRONMENT_DIR = '.';
+export { ENVIRONMENT_REPOSITORY, ENVIRONMENT_DIR, type SetupResult } from './environments.js';
 
 /** `owner/repo` from a git URL (`https://host/owner/repo.git`, `git@host:owner/repo`), or null. */
 export function fullNameFromUrl(source: string): string | null {
@@ -36,174 +23,199 @@ export function fullNameFromUrl(source: string): string | null {
   return FULL_NAME.test(name) ? name : null;
 }
 
-/** Checks a repository offers, read from its package.json scripts (the operator edits them later). */
-async function detectChecks(dir: string): Promise<{ setup: string[]; checks: CheckSpec[] }> {
-  const manifest = join(dir, 'package.json');
-  if (!existsSync(manifest)) return { setup: [], checks: [] };
-  let manifestJson: { scripts?: Record<string, unknown>; dependencies?: object; devDependencies?: object };
-  try {
-    manifestJson = JSON.parse(await readFile(manifest, 'utf8')) as typeof manifestJson;
-  } catch {
-    return { setup: [], checks: [] };
-  }
-  const scripts = manifestJson.scripts ?? {};
-  const checks = ['lint', 'typecheck', 'test', 'build']
-    .filter((name) => typeof scripts[name] === 'string')
-    .map((name) => ({ name, command: name === 'test' ? 'npm test' : `npm run ${name}`, timeoutSeconds: 600 }));
-  // Dependencies go in as the lock file says; without one, installing must not write one into the
-  // working copy (every fork would then show it as a change).
-  const hasDependencies = Object.keys({ ...(manifestJson.dependencies ?? {}), ...(manifestJson.devDependencies ?? {}) }).length > 0;
-  const setup = existsSync(join(dir, 'package-lock.json')) ? ['npm ci'] : hasDependencies ? ['npm install --no-package-lock'] : [];
-  return { setup, checks };
-}
-
 async function requireWorkspace(db: Db, name: string): Promise<Workspace> {
   const workspace = await findWorkspaceByName(db, name);
   if (!workspace) throw new NotFoundError(`workspace "${name}" does not exist`);
   return workspace;
 }
 
-/** Commits what changed in the environment repository and publishes it to the code host. */
-async function publishEnvironment(environment: string, message: string): Promise<void> {
-  await git(['add', '-A'], { cwd: environment });
-  const staged = await git(['diff', '--cached', '--name-only'], { cwd: environment });
-  if (!staged.trim()) return;
-  await git(['commit', '--quiet', '-m', message], { cwd: environment });
-  await git(['push', '--quiet', 'origin', 'HEAD:refs/heads/main'], { cwd: environment });
-}
-
-/**
- * Makes the workspace's environment (directory, config, its repository on the code host) if it is not
- * there yet; answers its directory.
- */
-export async function ensureEnvironment(db: Db, dataDir: string, workspace: Workspace): Promise<string> {
-  const environment = environmentDir(dataDir, workspace.id);
-  if (await findRepository(db, workspace.id, ENVIRONMENT_REPOSITORY)) return environment;
-  // Jobs of one workspace may start together on a new environment: one of them makes it.
-  const key = `${dataDir}\0${workspace.id}`;
-  let making = environmentsInTheMaking.get(key);
-  if (!making) {
-    making = makeEnvironment(db, environment, dataDir, workspace).finally(() => environmentsInTheMaking.delete(key));
-    environmentsInTheMaking.set(key, making);
-  }
-  await making;
-  return environment;
-}
-
-const environmentsInTheMaking = new Map<string, Promise<void>>();
-
-async function makeEnvironment(db: Db, environment: string, dataDir: string, workspace: Workspace): Promise<void> {
-  const host = new LocalCodeHost(dataDir);
-  await mkdir(environment, { recursive: true });
-  if (!existsSync(join(environment, '.git'))) await git(['init', '--quiet', '--initial-branch=main'], { cwd: environment });
-  if (!existsSync(join(environment, CONFIG_FILE))) await writeEnvironmentConfig(environment, await readEnvironmentConfig(environment));
-  if (!existsSync(join(environment, '.gitignore'))) {
-    await writeFile(join(environment, '.gitignore'), `# svc's transfers, and the working copies of the connected repositories\n/${TRANSFER_DIR}/\n`);
-  }
-  await git(['add', '-A'], { cwd: environment });
-  if (!(await revParse(environment, 'HEAD'))) await git(['commit', '--quiet', '-m', 'The workspace environment'], { cwd: environment });
-  const path = host.repositoryPath(workspace.id, ENVIRONMENT_REPOSITORY);
-  if (!existsSync(path)) await host.importRepository(workspace.id, ENVIRONMENT_REPOSITORY, environment);
-  await git(['remote', 'remove', 'origin'], { cwd: environment }).catch(() => undefined);
-  await git(['remote', 'add', 'origin', path], { cwd: environment });
-  await insertRepository(db, { workspaceId: workspace.id, fullName: ENVIRONMENT_REPOSITORY, dir: ENVIRONMENT_DIR, defaultBranch: 'main', source: environment });
-}
-
-export interface SetupResult {
-  repository: string;
-  command: string;
-  passed: boolean;
-  exitCode: number | null;
-  /** The last lines of its output. */
-  outputTail: string;
-}
-
-/** How long one setup command may take (dependency installs are slow). */
-const SETUP_TIMEOUT_MS = 30 * 60_000;
-
-/**
- * Runs repositories' setup commands in the environment itself (in bubblewrap, with network: installing
- * dependencies needs it), stopping at a repository's first failure. Later forks start from the result.
- */
-export async function runSetup(environment: string, specs: readonly RepositorySpec[], policy: SandboxPolicy): Promise<SetupResult[]> {
-  const sandbox = directSandbox(environment, policy);
-  const results: SetupResult[] = [];
-  if (specs.some((spec) => spec.setup.length > 0)) await bumpEnvironmentVersion(environment);
-  for (const spec of specs) {
-    for (const command of spec.setup) {
-      const result = await sandbox.run(['sh', '-c', `exec 2>&1\n${command}`], { cwd: spec.dir, network: true, timeoutMs: SETUP_TIMEOUT_MS });
-      const passed = result.exitCode === 0 && !result.timedOut;
-      results.push({ repository: spec.name, command, passed, exitCode: result.exitCode, outputTail: result.stdout.trimEnd().split('\n').slice(-20).join('\n') });
-      if (!passed) break;
-    }
-  }
-  return results;
-}
-
 /** `svc admin repo setup`: runs every repository's setup again (after the config changed). */
-export async function setupEnvironment(db: Db, dataDir: string, workspaceName: string, policy: SandboxPolicy): Promise<SetupResult[]> {
+export async function setupEnvironment(db: Db, environments: Environments, workspaceName: string): Promise<SetupResult[]> {
   const workspace = await requireWorkspace(db, workspaceName);
-  const environment = await ensureEnvironment(db, dataDir, workspace);
-  return runSetup(environment, (await readEnvironmentConfig(environment)).repositories, policy);
+  await environments.ensure(workspace);
+  return (await environments.setup(workspace.id)).results;
+}
+
+/**
+ * Where a repository comes from, decided once (`parseSource`): a remote URL that only git's network
+ * transports may fetch, or a local directory by its real path (links resolved), which is what gets
+ * cloned. Nothing that was taken for a URL is ever read as a path, and the other way round.
+ */
+export type RepositorySource = { kind: 'url'; url: string } | { kind: 'path'; realPath: string };
+
+/** Git remotes: the network transports, never `file://`, git's `ext::` or another `<transport>::`. */
+const REMOTE_URL = /^(?:(?:https?|ssh|git):\/\/[^/\s]+\/\S+|[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[^\s]+)$/;
+/** The transports a remote URL's clone may use (git's `protocol.<name>.allow`, also on redirects). */
+const REMOTE_PROTOCOLS = ['https', 'http', 'ssh', 'git'] as const;
+/** Looks like a URL rather than a path to git: `scheme://`, `transport::address`, or `host:path` with no `/` before the colon. */
+const URL_SHAPED = /^[A-Za-z][A-Za-z0-9+.-]*(?::\/\/|::)|^[^/]*:/;
+const URL_FORMS = 'a git URL (https://, http://, ssh://, git:// or user@host:path)';
+
+/** Why a URL-shaped source is refused, or null: it must be a network remote whose path never climbs. */
+function remoteUrlProblem(url: string): string | null {
+  if (!REMOTE_URL.test(url)) return `must be ${URL_FORMS}; file://, ext:: and other local transports are refused`;
+  const scheme = /^[a-z]+:\/\/([^/]+)(\/.*)$/i.exec(url);
+  const [authority, path] = scheme ? [scheme[1]!, scheme[2]!] : [url.slice(0, url.indexOf(':')), url.slice(url.indexOf(':') + 1)];
+  // An option in disguise (`-oProxyCommand=…`) must never reach ssh, whatever git makes of it.
+  if (authority.split('@').some((part) => part.startsWith('-'))) return 'must not have a user or host that starts with "-"';
+  let decoded: string;
+  try {
+    decoded = decodeURIComponent(path);
+  } catch {
+    return 'has a malformed %-escape';
+  }
+  if ([path, decoded].some((text) => text.split(/[/\\]/).includes('..'))) return 'must not contain ".." path segments';
+  return null;
+}
+
+/**
+ * Decides once what a source is. A URL-shaped one must be a network remote (see `remoteUrlProblem`); any
+ * other must be an existing path, resolved (relative to the working directory) to its real location.
+ */
+export function parseSource(source: string): RepositorySource {
+  const trimmed = source.trim();
+  if (!trimmed) throw ValidationError.field('source', 'must be a git URL or a path');
+  if (trimmed.startsWith('-')) throw ValidationError.field('source', 'must not start with "-"');
+  if (URL_SHAPED.test(trimmed) || REMOTE_URL.test(trimmed)) {
+    const problem = remoteUrlProblem(trimmed);
+    if (problem) throw ValidationError.field('source', problem);
+    return { kind: 'url', url: trimmed };
+  }
+  const path = resolve(trimmed);
+  if (!existsSync(path)) throw ValidationError.field('source', `${trimmed} is neither a git URL nor an existing path`);
+  return { kind: 'path', realPath: realpathSync(path) };
 }
 
 export interface AddRepositoryInput {
-  dataDir: string;
-  workspace: string;
-  /** A git URL or a local path. */
-  source: string;
+  /** The workspace's name (operators) or the workspace itself (the API). */
+  workspace: string | Workspace;
+  /** A git URL or a local path (an operator's, parsed here), or a source the caller parsed and checked. */
+  source: string | RepositorySource;
   /** `owner/repo`; derived from a URL, or `local/<directory name>` for a path, when absent. */
   fullName?: string;
-  /** Runs the detected setup commands in this sandbox policy; without it, none run. */
-  setup?: SandboxPolicy;
+  /** Runs the detected setup commands now. */
+  setup: boolean;
 }
 
 /**
  * Connects a repository: its bare copy on the code host becomes its origin, its working copy goes into
  * the environment, and the environment config gets an entry with the checks its package.json offers.
  */
-export async function addRepository(db: Db, input: AddRepositoryInput): Promise<{ repository: RepositoryRow; spec: RepositorySpec; setup: SetupResult[] }> {
-  const source = input.source.trim();
-  if (!source) throw ValidationError.field('source', 'must be a git URL or a path');
-  const isUrl = fullNameFromUrl(source) !== null;
-  const localPath = isUrl ? null : resolve(source);
-  if (localPath && !existsSync(localPath)) throw ValidationError.field('source', `${source} is neither a git URL nor an existing path`);
-  const fullName = input.fullName ?? fullNameFromUrl(source) ?? `local/${basename(localPath ?? source).replace(/\.git$/, '')}`;
+export async function addRepository(
+  db: Db,
+  environments: Environments,
+  input: AddRepositoryInput,
+): Promise<{ repository: RepositoryRow; spec: RepositorySpec; setup: SetupResult[] }> {
+  const source = typeof input.source === 'string' ? parseSource(input.source) : input.source;
+  const location = source.kind === 'url' ? source.url : source.realPath;
+  const fullName = input.fullName ?? (source.kind === 'url' ? fullNameFromUrl(source.url) : `local/${basename(source.realPath).replace(/\.git$/, '')}`);
+  if (fullName === null) throw ValidationError.field('name', 'cannot be derived from this URL: give the repository\'s owner/repo');
   if (!FULL_NAME.test(fullName) || fullName.split('/').some((part) => part === '.' || part === '..')) {
     throw ValidationError.field('name', 'must be owner/repo: letters, digits, "_", "." and "-"');
   }
   if (fullName === ENVIRONMENT_REPOSITORY) throw ValidationError.field('name', `${ENVIRONMENT_REPOSITORY} is the environment's own repository`);
 
-  const workspace = await requireWorkspace(db, input.workspace);
-  const environment = await ensureEnvironment(db, input.dataDir, workspace);
+  const workspace = typeof input.workspace === 'string' ? await requireWorkspace(db, input.workspace) : input.workspace;
+  await environments.ensure(workspace);
   if (await findRepository(db, workspace.id, fullName)) throw new ConflictError(`${fullName} is already connected to "${workspace.name}"`);
-  const taken = new Set((await listRepositories(db, workspace.id)).map((repository) => repository.dir));
-  const [owner, repo] = fullName.split('/') as [string, string];
-  const dir = [repo, `${owner}-${repo}`].find((candidate) => !taken.has(candidate) && !existsSync(join(environment, candidate)));
-  if (!dir) throw new ConflictError(`the environment already has directories named ${repo} and ${owner}-${repo}`);
-
-  const host = new LocalCodeHost(input.dataDir);
+  const host = environments.codeHost;
   if (existsSync(host.repositoryPath(workspace.id, fullName))) throw new ConflictError(`the code host already has ${fullName}`);
-  const { path, defaultBranch } = await host.importRepository(workspace.id, fullName, localPath ?? source);
-  const workingCopy = join(environment, dir);
+  const { defaultBranch } = await importSource(host, workspace.id, fullName, source);
   try {
-    await git(['clone', '--quiet', '--', path, workingCopy]);
-    const repository = await insertRepository(db, { workspaceId: workspace.id, fullName, dir, defaultBranch, source: localPath ?? source });
+    const connected = await environments.connect(workspace, { fullName, defaultBranch, setup: input.setup });
+    const repository = await insertRepository(db, { workspaceId: workspace.id, fullName, dir: connected.spec.dir, defaultBranch, source: location });
     if (!repository) throw new ConflictError(`${fullName} is already connected to "${workspace.name}"`);
-    const config = await readEnvironmentConfig(environment);
-    const spec: RepositorySpec = { name: fullName, dir, ...(await detectChecks(workingCopy)), devServers: [] };
-    await writeEnvironmentConfig(environment, { ...config, repositories: [...config.repositories.filter((entry) => entry.dir !== dir), spec] });
-    const ignore = join(environment, '.gitignore');
-    await writeFile(ignore, `${(await readFile(ignore, 'utf8')).trimEnd()}\n/${dir}/\n`);
-    await publishEnvironment(environment, `Connect ${fullName}`);
     // A failed setup leaves the repository connected: the operator (or a dev_env run) repairs it.
-    const setup = input.setup ? await runSetup(environment, [spec], input.setup) : [];
-    return { repository, spec, setup };
+    return { repository, spec: connected.spec, setup: connected.setup };
   } catch (error) {
-    await rm(workingCopy, { recursive: true, force: true });
     await host.removeRepository(workspace.id, fullName);
     throw error;
   }
+}
+
+/**
+ * The bare copy on the code host. A path is cloned through git's transport (`--no-local`: never hardlinks
+ * or a copy of whatever its `.git` points at) with only the file protocol allowed; a URL with only the
+ * network ones. A source git cannot clone is bad input, not a server error.
+ */
+async function importSource(host: LocalCodeHost, workspaceId: string, fullName: string, source: RepositorySource): Promise<{ defaultBranch: string }> {
+  const location = source.kind === 'url' ? source.url : source.realPath;
+  try {
+    return await host.importRepository(workspaceId, fullName, location, { protocols: source.kind === 'url' ? REMOTE_PROTOCOLS : ['file'] });
+  } catch (error) {
+    if (error instanceof RepositoryExistsError) throw new ConflictError(error.message);
+    if (error instanceof GitError || /has no commits/.test((error as Error).message)) {
+      throw ValidationError.field('source', `${location} could not be cloned with git: ${(error as Error).message.replace(/^git .*? failed: /, '')}`);
+    }
+    throw error;
+  }
+}
+
+/** Whether `path` (real) is one of the real `roots` or below one. */
+function underRoots(path: string, roots: readonly string[]): boolean {
+  return roots.some((root) => path === root || path.startsWith(`${root}/`));
+}
+
+/**
+ * The repository's own git directory, real: the directory itself (bare), or where its `.git` leads (a
+ * directory, a link, or a `gitdir:` file as worktrees and submodules have), and that one's common
+ * directory. Null when one of them cannot be read.
+ */
+function gitDirsOf(realPath: string): string[] | null {
+  try {
+    const dotGit = join(realPath, '.git');
+    const entry = lstatSync(dotGit, { throwIfNoEntry: false });
+    let gitDir = realPath;
+    if (entry?.isFile()) {
+      const pointer = /^gitdir:\s*(.+?)\s*$/m.exec(readFileSync(dotGit, 'utf8'))?.[1];
+      if (!pointer) return null;
+      gitDir = realpathSync(resolve(realPath, pointer));
+    } else if (entry) {
+      gitDir = realpathSync(dotGit);
+    }
+    const common = join(gitDir, 'commondir');
+    if (!existsSync(common)) return [gitDir];
+    return [gitDir, realpathSync(resolve(gitDir, readFileSync(common, 'utf8').trim()))];
+  } catch {
+    return null;
+  }
+}
+
+/**
+ * `POST /api/v1/repos`: connects a repository to the caller's workspace from a git URL, or from a path on
+ * the server only under one of the roots the operator allowed (SVC_REPO_PATHS): a workspace key must not
+ * read the server's files. The path's real location (links resolved) and the git directory it uses must
+ * both be under a root, and that real location is what gets cloned.
+ */
+export async function connectRepository(
+  db: Db,
+  environments: Environments,
+  caller: { workspaceId: string },
+  body: { source: string; name?: string | undefined; setup: boolean },
+  allowedPaths: readonly string[],
+): Promise<{ repository: RepositoryRow; setup: SetupResult[] }> {
+  const trimmed = body.source.trim();
+  const outside = 'paths on the server are accepted only under the roots the operator allows (SVC_REPO_PATHS)';
+  if (!trimmed.startsWith('-') && !URL_SHAPED.test(trimmed) && !REMOTE_URL.test(trimmed) && !isAbsolute(trimmed)) {
+    throw ValidationError.field('source', `must be ${URL_FORMS} or an absolute path`);
+  }
+  let source: RepositorySource;
+  try {
+    source = parseSource(trimmed);
+  } catch (error) {
+    // A path that does not exist is outside as far as the caller may know: no probing the server's files.
+    if (error instanceof ValidationError && isAbsolute(trimmed) && !URL_SHAPED.test(trimmed)) throw ValidationError.field('source', outside);
+    throw error;
+  }
+  if (source.kind === 'path') {
+    const roots = allowedPaths.filter((root) => existsSync(root)).map((root) => realpathSync(root));
+    const gitDirs = gitDirsOf(source.realPath);
+    if (!underRoots(source.realPath, roots) || !gitDirs?.every((dir) => underRoots(dir, roots))) throw ValidationError.field('source', outside);
+  }
+  const workspace = await findWorkspace(db, caller.workspaceId);
+  if (!workspace) throw new NotFoundError('Workspace not found');
+  const { repository, setup } = await addRepository(db, environments, { workspace, source, setup: body.setup, ...(body.name === undefined ? {} : { fullName: body.name }) });
+  return { repository, setup };
 }
 
 export async function workspaceRepositories(db: Db, workspaceName: string): Promise<RepositoryRow[]> {

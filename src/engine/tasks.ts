@@ -11,6 +11,8 @@ import { makeSlug, titleFromMessage } from '../domain/slugs.js';
 import { ACTIVE_JOB_STATUSES, TASK_ACTION_FROM, taskStatesInto } from '../domain/states.js';
 import { decodeCursor, encodeCursor } from '../domain/cursor.js';
 import type {
+  LocalTarget,
+  MessageMetadata,
   CreateTaskBody,
   Effort,
   JobType,
@@ -24,6 +26,9 @@ import type {
 import { TaskStatus as TaskStatusSchema } from '../protocol/rest.js';
 import type { ValidationIssue } from '../protocol/errors.js';
 import { notify, type Db } from '../store/db.js';
+import { bumpWorkVersion } from '../store/runners.js';
+import { resolveLocalTarget } from './runners/enrollment.js';
+import { localJobQueued } from './runners/queue.js';
 import { EVENTS_CHANNEL } from '../store/journal.js';
 import { findRoutingConfigs } from '../store/routing.js';
 import {
@@ -45,9 +50,11 @@ import {
   type TaskView,
 } from '../store/tasks.js';
 
+/** Who acts, and in which workspace: a workspace API key (`keyId`) or a signed-in user (`userId`). */
 export interface Caller {
   workspaceId: string;
   keyId: string | null;
+  userId: string | null;
 }
 
 export interface TaskAndJobRows {
@@ -73,7 +80,7 @@ function throwIfIssues(issues: ValidationIssue[]): void {
 }
 
 async function reload(db: Db, caller: Caller, taskId: string): Promise<TaskView> {
-  const view = await findTaskView(db, caller.workspaceId, taskId);
+  const view = await findTaskView(db, caller, taskId);
   if (!view) throw taskNotFound();
   return view;
 }
@@ -109,6 +116,7 @@ export async function createTask(db: Db, caller: Caller, body: CreateTaskBody): 
 
   const blobError = blobFilesError(files);
   const title = body.title ?? titleFromMessage(input);
+  const local = body.local ? await localTargetOf(db, caller, body.local, agent) : null;
 
   return db.transaction(async (tx) => {
     const task = await insertTask(
@@ -121,6 +129,8 @@ export async function createTask(db: Db, caller: Caller, body: CreateTaskBody): 
         agent: agentId,
         effort,
         createdByKeyId: caller.keyId,
+        createdByUserId: caller.userId,
+        ...local,
       },
       () => makeSlug(title),
     );
@@ -141,16 +151,35 @@ export async function createTask(db: Db, caller: Caller, body: CreateTaskBody): 
       agentProvider: agent.provider,
       effort,
       input,
-      instructions: config.instructions,
+      // Local workers apply no custom system prompt (SPEC.md): routing instructions are for the cloud.
+      instructions: task.runnerId ? null : config.instructions,
       error: blobError,
       completedAt: blobError ? new Date() : null,
+      runnerId: task.runnerId,
     });
+    await localJobQueued(tx, task, job);
     return { view: await reload(tx, caller, task.id), job };
   });
 }
 
+/**
+ * A local target as the task row keeps it, once checked: only a signed-in user starts local work, on a
+ * runner of theirs that works for the workspace the request acts in, in one of its projects, with a
+ * harness and model its catalog offers.
+ */
+async function localTargetOf(db: Db, caller: Caller, target: LocalTarget, agent: AgentId) {
+  if (!caller.userId || caller.keyId) {
+    throw new AppError('forbidden', 'Local work can only be started by a signed-in user; workspace API keys cannot start it');
+  }
+  const { runner } = await resolveLocalTarget(db, { userId: caller.userId, runnerId: target.runnerId, projectId: target.projectId, agent });
+  if (runner.workspaceId !== caller.workspaceId) {
+    throw ValidationError.field('local.runnerId', `the runner works for workspace ${runner.workspaceId}; send X-Svc-Workspace: ${runner.workspaceId}`);
+  }
+  return { runnerId: runner.id, projectId: target.projectId, permissionMode: target.permissionMode, nativeMode: target.nativeMode ?? null };
+}
+
 export async function getTask(db: Db, caller: Caller, idOrSlug: string): Promise<TaskView> {
-  const view = await readTaskView(db, caller.workspaceId, idOrSlug);
+  const view = await readTaskView(db, caller, idOrSlug);
   if (!view) throw taskNotFound();
   return view;
 }
@@ -175,7 +204,7 @@ export async function listWorkspaceTasks(
 ): Promise<{ rows: TaskListRow[]; nextCursor: string | null }> {
   const statuses = parseStatuses(query.status);
   const beforeSeq = decodeCursor('tasks', query.cursor);
-  const { rows, hasMore } = await listTasks(db, caller.workspaceId, {
+  const { rows, hasMore } = await listTasks(db, caller, {
     limit: query.limit,
     beforeSeq,
     statuses,
@@ -192,7 +221,7 @@ export async function listTaskJobs(
   query: ListJobsQuery,
 ): Promise<{ rows: JobRow[]; nextCursor: string | null }> {
   const beforeSeq = decodeCursor('jobs', query.cursor);
-  const view = await readTaskView(db, caller.workspaceId, idOrSlug);
+  const view = await readTaskView(db, caller, idOrSlug);
   if (!view) throw taskNotFound();
   const { rows, hasMore } = await listJobs(db, view.task.id, { limit: query.limit, beforeSeq });
   const oldest = rows[0];
@@ -202,7 +231,7 @@ export async function listTaskJobs(
 /** Runs `action` with the task locked; 404 when the caller's workspace has no such task. */
 async function withLockedTask<T>(db: Db, caller: Caller, idOrSlug: string, action: (tx: Db, task: TaskRow) => Promise<T>): Promise<T> {
   return db.transaction(async (tx) => {
-    const task = await lockTask(tx, caller.workspaceId, idOrSlug);
+    const task = await lockTask(tx, caller, idOrSlug);
     if (!task) throw taskNotFound();
     return action(tx, task);
   });
@@ -224,28 +253,52 @@ export async function sendMessage(db: Db, caller: Caller, idOrSlug: string, body
   return withLockedTask(db, caller, idOrSlug, async (tx, task) => {
     const status = task.status as TaskStatus;
     if (!TASK_ACTION_FROM.message.includes(status)) throw new ConflictError(`Task is ${status}; it takes no messages`);
-    const message = await insertMessage(tx, { taskId: task.id, role: 'user', body: body.message, userIntent: body.userIntent ?? null, files });
-    const agent = parseAgentId(task.agent) as AgentId;
-    const job = await insertJob(tx, {
-      taskId: task.id,
-      workspaceId: caller.workspaceId,
-      messageId: message.id,
-      status: blobError ? 'FAILED' : 'PENDING',
-      type: followUpType(task, body.userIntent),
-      agent: task.agent,
-      agentProvider: agent.provider,
-      effort: task.effort,
-      input: body.message,
+    if (body.metadata && !task.runnerId) throw ValidationError.field('metadata', 'applies to local tasks only');
+    const job = await queueFollowUp(tx, task, {
+      body: body.message,
+      userIntent: body.userIntent ?? null,
+      files,
+      metadata: body.metadata ?? null,
       error: blobError,
-      completedAt: blobError ? new Date() : null,
     });
-    // A follow-up on a waiting, finished or cancelled task resumes it on the same thread (and unarchives
-    // it); on a task that is already queued or running it simply waits its turn. A follow-up that failed
-    // at once (a blob: file) leaves the task where it was: its job says why.
-    const resumes = !blobError && status !== 'PENDING' && status !== 'IN_PROGRESS';
-    await updateTask(tx, task.id, resumes ? { status: 'PENDING', archivedAt: null } : { archivedAt: null }, resumes ? taskStatesInto('PENDING') : [status]);
     return { view: await reload(tx, caller, task.id), job };
   });
+}
+
+/**
+ * Queues a follow-up on a task the caller has locked: the message joins the thread and a job of the
+ * task's mode (or the one `userIntent` switches to) is queued. A follow-up on a waiting, finished or
+ * cancelled task resumes it on the same thread (and unarchives it); on a task that is already queued or
+ * running it simply waits its turn. A follow-up that failed at once (a blob: file) leaves the task where
+ * it was: its job says why. Also for answers that a local run could not take (an undelivered async answer).
+ */
+export async function queueFollowUp(
+  tx: Db,
+  task: TaskRow,
+  input: { body: string; userIntent: SendMessageBody['userIntent'] | null; files?: readonly ParsedFile[]; metadata?: MessageMetadata | null; error?: string | null },
+): Promise<JobRow> {
+  const status = task.status as TaskStatus;
+  const message = await insertMessage(tx, { taskId: task.id, role: 'user', body: input.body, userIntent: input.userIntent ?? null, files: input.files ?? [], metadata: input.metadata ?? null });
+  const agent = parseAgentId(task.agent) as AgentId;
+  const failed = input.error ?? null;
+  const job = await insertJob(tx, {
+    taskId: task.id,
+    workspaceId: task.workspaceId,
+    messageId: message.id,
+    status: failed ? 'FAILED' : 'PENDING',
+    type: followUpType(task, input.userIntent ?? undefined),
+    agent: task.agent,
+    agentProvider: agent.provider,
+    effort: task.effort,
+    input: input.body,
+    error: failed,
+    completedAt: failed ? new Date() : null,
+    runnerId: task.runnerId,
+  });
+  const resumes = !failed && status !== 'PENDING' && status !== 'IN_PROGRESS';
+  await updateTask(tx, task.id, resumes ? { status: 'PENDING', archivedAt: null } : { archivedAt: null }, resumes ? taskStatesInto('PENDING') : [status]);
+  await localJobQueued(tx, task, job);
+  return job;
 }
 
 export async function approvePlan(db: Db, caller: Caller, idOrSlug: string, body: ApprovePlanBody): Promise<TaskAndJobRows> {
@@ -274,8 +327,10 @@ export async function approvePlan(db: Db, caller: Caller, idOrSlug: string, body
       effort: task.effort,
       input,
       plan: ready.plan,
+      runnerId: task.runnerId,
     });
     await updateTask(tx, task.id, { status: 'PENDING' }, TASK_ACTION_FROM.approvePlan);
+    await localJobQueued(tx, task, job);
     return { view: await reload(tx, caller, task.id), job };
   });
 }
@@ -289,6 +344,8 @@ export async function cancelTask(db: Db, caller: Caller, idOrSlug: string): Prom
     const cancelled = await cancelActiveJobs(tx, task.id, ACTIVE_JOB_STATUSES);
     await updateTask(tx, task.id, { status: 'CANCELLED' }, TASK_ACTION_FROM.cancel);
     await notify(tx, EVENTS_CHANNEL, task.id);
+    // A runner holding a cancelled run learns of it from its work version: it stops the run.
+    if (task.runnerId) await bumpWorkVersion(tx, task.runnerId);
     return { view: await reload(tx, caller, task.id), cancelled };
   });
 }
@@ -307,7 +364,7 @@ export async function archiveTask(db: Db, caller: Caller, idOrSlug: string): Pro
 
 /** Whether the task has a queued or running job (a log stream that follows it stays open while so). */
 export async function isTaskActive(db: Db, caller: Caller, taskId: string): Promise<boolean> {
-  const view = await readTaskView(db, caller.workspaceId, taskId);
+  const view = await readTaskView(db, caller, taskId);
   return view !== null && (view.task.status === 'PENDING' || view.task.status === 'IN_PROGRESS');
 }
 

@@ -1,8 +1,9 @@
 /**
  * Forks of a workspace environment, and processes run inside them.
  *
- * A fork is a copy-on-write view of the environment directory: an overlay mount (lower = environment,
- * upper = the fork's own changes), made inside a private mount namespace (`unshare -m`) for each process,
+ * A fork is a copy-on-write view of one version of the environment (environment-versions.ts): an overlay
+ * mount (lower = the version's layers, which never change; upper = the fork's own changes), made inside a
+ * private mount namespace (`unshare -m`) for each process,
  * so it costs milliseconds whatever the environment's size and is invisible outside that process. Where
  * overlay mounts are not available (no CAP_SYS_ADMIN), a fork is a real copy instead: each git
  * repository cloned with `git clone --local --shared`, everything else copied, and the log says so.
@@ -118,14 +119,32 @@ export function sandboxCapabilities(): { overlay: boolean; bwrap: boolean } {
   return capabilities;
 }
 
+/**
+ * One immutable version of an environment: its layers, bottom first (see environment-versions.ts). A
+ * plain directory is a version of one layer. A fork keeps the version it was made from for its whole
+ * life, so nothing under a fork ever changes while it is in use.
+ */
+export interface EnvironmentSnapshot {
+  version: number;
+  layers: string[];
+}
+
 export interface ForkInfo {
   name: string;
   mode: ForkMode;
-  /** The environment this fork copies. */
-  base: string;
+  /** The environment version this fork copies (for `direct`, the directory itself). */
+  lower: EnvironmentSnapshot;
   /** The fork's own directory: overlay upper and work dirs, or the copy itself. */
   dir: string;
 }
+
+/** The overlay `lowerdir` option of a snapshot: its layers top first, as overlayfs wants them. */
+export function lowerdirOption(snapshot: EnvironmentSnapshot): string {
+  return [...snapshot.layers].reverse().join(':');
+}
+
+/** A page: mount(2) takes no longer option string. Deeper stacks are flattened before they get there. */
+const MAX_MOUNT_OPTIONS = 4000;
 
 /** The fork's own files within its directory: the overlay's upper dir (its changes only), or the copy. */
 export function changesDirOf(info: Pick<ForkInfo, 'mode' | 'dir'>): string {
@@ -190,7 +209,7 @@ export class Fork {
     const script = 'mount -t overlay overlay -o "lowerdir=$1,upperdir=$2,workdir=$3" "$4" || exit 125\necho mounted\nexec sleep infinity';
     const holder = spawnLongRunningGroup(
       // It dies with the service, as the sandboxes do (their --die-with-parent).
-      ['setpriv', '--pdeathsig', 'KILL', 'unshare', '-m', '--propagation', 'private', 'sh', '-c', script, 'sh', this.info.base, join(this.info.dir, 'upper'), join(this.info.dir, 'work'), root],
+      ['setpriv', '--pdeathsig', 'KILL', 'unshare', '-m', '--propagation', 'private', 'sh', '-c', script, 'sh', lowerdirOption(this.info.lower), join(this.info.dir, 'upper'), join(this.info.dir, 'work'), root],
       {},
     );
     let exited = false;
@@ -233,7 +252,7 @@ export class Fork {
       .join('\n');
     const overlayArgs =
       this.info.mode === 'overlay'
-        ? [this.info.base, join(this.info.dir, 'upper'), join(this.info.dir, 'work'), root]
+        ? [lowerdirOption(this.info.lower), join(this.info.dir, 'upper'), join(this.info.dir, 'work'), root]
         : ['', '', '', ''];
     const held = this.heldMountPath();
     const argv = held
@@ -256,7 +275,7 @@ export class Fork {
       if (existsSync(hidden) && SYSTEM_DIRS.some((dir) => hidden === dir || hidden.startsWith(`${dir}/`))) args.push('--tmpfs', hidden);
     }
     // A fallback copy's shared clones borrow the environment's git objects by absolute path.
-    if (this.info.mode === 'clone') args.push('--ro-bind', this.info.base, this.info.base);
+    if (this.info.mode === 'clone') for (const layer of this.info.lower.layers) args.push('--ro-bind', layer, layer);
     args.push(options.readOnly ? '--ro-bind' : '--bind', root, SANDBOX_ROOT, '--chdir', join(SANDBOX_ROOT, options.cwd ?? ''));
     args.push('--unshare-pid', '--unshare-ipc', '--unshare-uts', '--hostname', 'sandbox');
     if (!options.network && !sharedNetwork) args.push('--unshare-net');
@@ -409,7 +428,7 @@ function spawnLongRunningGroup(argv: readonly string[], env: Record<string, stri
  */
 export function directSandbox(dir: string, policy: SandboxPolicy): Fork {
   const path = resolve(dir);
-  return new Fork({ name: 'environment', mode: 'direct', base: path, dir: path }, policy);
+  return new Fork({ name: 'environment', mode: 'direct', lower: { version: 0, layers: [path] }, dir: path }, policy);
 }
 
 /** Creates and removes forks under `forksRoot`. */
@@ -430,50 +449,60 @@ export class ForkManager {
     return `${this.dirOf(name)}${ARCHIVE_SUFFIX}`;
   }
 
-  async create(name: string, base: string, options: { mode?: ForkMode } = {}): Promise<Fork> {
+  /**
+   * Makes the fork `name` of an environment version (or of a plain directory, a version of one layer).
+   * The version is written beside the fork, so that it is reopened on the very same layers.
+   */
+  async create(name: string, lower: string | EnvironmentSnapshot, options: { mode?: ForkMode; fullCopy?: boolean } = {}): Promise<Fork> {
     const dir = this.dirOf(name);
-    const environment = await checkedEnvironment(base);
+    const snapshot = await checkedSnapshot(typeof lower === 'string' ? { version: 0, layers: [lower] } : lower);
     if (existsSync(dir)) throw new Error(`fork "${name}" already exists`);
     // Only the service's user may enter the forks: a sandboxed command runs as root and could leave a
     // setuid file in its fork, which no other local user must be able to reach.
     await mkdir(resolve(this.forksRoot), { recursive: true, mode: 0o700 });
     let mode = options.mode ?? (sandboxCapabilities().overlay ? 'overlay' : 'clone');
     if (mode === 'overlay' && !sandboxCapabilities().overlay) mode = 'clone';
+    if (mode === 'clone' && snapshot.layers.length !== 1) {
+      throw new Error(`environment version ${snapshot.version} has ${snapshot.layers.length} layers, which only overlay mounts can combine; this host cannot mount overlays`);
+    }
+    await writeFile(`${dir}${LOWER_SUFFIX}`, JSON.stringify(snapshot));
     if (mode === 'overlay') {
       await mkdir(join(dir, 'upper'), { recursive: true });
       await mkdir(join(dir, 'work'));
       await mkdir(join(dir, 'merged'));
-      await writeFile(`${dir}${LOWER_VERSION_SUFFIX}`, environmentVersion(environment));
     } else {
-      this.log(`fork ${name}: overlay mounts are unavailable here; copying the environment (git clone --local --shared)`);
-      await copyEnvironment(environment, join(dir, 'root'));
+      if (options.fullCopy) {
+        await copyTree(snapshot.layers[0]!, join(dir, 'root'));
+      } else {
+        this.log(`fork ${name}: overlay mounts are unavailable here; copying the environment (git clone --local --shared)`);
+        await copyEnvironment(snapshot.layers[0]!, join(dir, 'root'));
+      }
     }
-    return new Fork({ name, mode, base: environment, dir }, this.policy);
+    return new Fork({ name, mode, lower: snapshot, dir }, this.policy);
   }
 
-  /** The fork `name` whose directory exists already (made by `create` or `restore`). */
-  async open(name: string, base: string, mode: ForkMode): Promise<Fork> {
-    return new Fork({ name, mode, base: await checkedEnvironment(base), dir: this.dirOf(name) }, this.policy);
+  /**
+   * The fork `name` whose directory exists already (made by `create` or `restore`), on the environment
+   * version it was made from; null when that version is not recorded (a fork from before versions).
+   */
+  async open(name: string, mode: ForkMode): Promise<Fork | null> {
+    const lower = this.lowerOf(name);
+    return lower ? new Fork({ name, mode, lower, dir: this.dirOf(name) }, this.policy) : null;
+  }
+
+  /** The environment version the fork `name` was made from, as recorded beside it. */
+  lowerOf(name: string): EnvironmentSnapshot | null {
+    return readSnapshot(`${this.dirOf(name)}${LOWER_SUFFIX}`);
   }
 
   async remove(fork: Fork): Promise<void> {
     await rm(fork.info.dir, { recursive: true, force: true });
   }
 
-  /**
-   * Whether the environment under the overlay fork `name` changed since the fork was made (a merge, a
-   * setup): overlayfs does not support a lower layer that changes, and the fork's view of its
-   * repositories would mix its own state with the new files, so such a fork must not be used again.
-   */
-  isStale(name: string, base: string): boolean {
-    const path = `${this.dirOf(name)}${LOWER_VERSION_SUFFIX}`;
-    return existsSync(path) && readFileSync(path, 'utf8') !== environmentVersion(resolve(base));
-  }
-
   /** Removes whatever the fork `name` has here: its directory, its archive, a restore under way. */
   async removeAll(name: string): Promise<void> {
     const dir = this.dirOf(name);
-    for (const path of [dir, `${dir}${RESTORING_SUFFIX}`, `${dir}${LOWER_VERSION_SUFFIX}`, this.archiveOf(name)]) await rm(path, { recursive: true, force: true });
+    for (const path of [dir, `${dir}${RESTORING_SUFFIX}`, `${dir}${LOWER_SUFFIX}`, this.archiveOf(name)]) await rm(path, { recursive: true, force: true });
     await this.removeTemporaryArchives(name);
   }
 
@@ -514,7 +543,7 @@ export class ForkManager {
    * Restores an archived fork: unpacked beside its place, renamed into it (so a crash leaves either the
    * archive or the whole fork), then the archive is removed.
    */
-  async restore(name: string, base: string, mode: ForkMode): Promise<Fork> {
+  async restore(name: string, mode: ForkMode): Promise<Fork | null> {
     const dir = this.dirOf(name);
     const staging = `${dir}${RESTORING_SUFFIX}`;
     await rm(staging, { recursive: true, force: true });
@@ -528,25 +557,23 @@ export class ForkManager {
     await runTar(['--extract', '--file', this.archiveOf(name), '--directory', changes]);
     await rename(staging, dir);
     await rm(this.archiveOf(name), { force: true });
-    return this.open(name, base, mode);
+    return this.open(name, mode);
   }
 }
 
 const ARCHIVE_SUFFIX = '.tar.gz';
-/** Beside a fork: the version of the environment it was made from. */
-const LOWER_VERSION_SUFFIX = '.lower-version';
+/** Beside a fork: the environment version it was made from (JSON EnvironmentSnapshot). */
+export const LOWER_SUFFIX = '.lower';
 
-/** The environment's version: changed by every change made to it in place (`bumpEnvironmentVersion`). */
-export function environmentVersion(environment: string): string {
-  const path = `${environment}.version`;
-  return existsSync(path) ? readFileSync(path, 'utf8') : '0';
-}
-
-/** Marks a change made to the environment in place: forks made from it before are stale from now on. */
-export async function bumpEnvironmentVersion(environment: string): Promise<void> {
-  const path = `${resolve(environment)}.version`;
-  await writeFile(`${path}.tmp`, `${Date.now()}-${Math.random().toString(36).slice(2)}`);
-  await rename(`${path}.tmp`, path);
+/** A recorded snapshot, or null when there is none or it is not one. */
+export function readSnapshot(path: string): EnvironmentSnapshot | null {
+  try {
+    const parsed = JSON.parse(readFileSync(path, 'utf8')) as Partial<EnvironmentSnapshot>;
+    if (!Number.isInteger(parsed.version) || !Array.isArray(parsed.layers) || parsed.layers.some((layer) => typeof layer !== 'string')) return null;
+    return { version: parsed.version!, layers: parsed.layers };
+  } catch {
+    return null;
+  }
 }
 const RESTORING_SUFFIX = '.restoring';
 
@@ -557,11 +584,26 @@ async function runTar(args: string[]): Promise<void> {
   if (result.exitCode !== 0) throw new Error(`tar ${args[0]} failed (${result.exitCode ?? result.signal}): ${result.stderr.trim()}`);
 }
 
-async function checkedEnvironment(base: string): Promise<string> {
-  const environment = resolve(base);
-  if (/[,:]/.test(environment)) throw new Error(`environment path ${environment} may not contain "," or ":"`);
-  if (!(await stat(environment)).isDirectory()) throw new Error(`environment ${environment} is not a directory`);
-  return environment;
+async function checkedSnapshot(snapshot: EnvironmentSnapshot): Promise<EnvironmentSnapshot> {
+  if (snapshot.layers.length === 0) throw new Error(`environment version ${snapshot.version} has no layers`);
+  const layers: string[] = [];
+  for (const layer of snapshot.layers) {
+    const path = resolve(layer);
+    // The overlay options separate layers with ":" and options with ",".
+    if (/[,:]/.test(path)) throw new Error(`environment layer ${path} may not contain "," or ":"`);
+    if (!(await stat(path)).isDirectory()) throw new Error(`environment layer ${path} is not a directory`);
+    layers.push(path);
+  }
+  const checked = { version: snapshot.version, layers };
+  if (lowerdirOption(checked).length > MAX_MOUNT_OPTIONS) throw new Error(`environment version ${snapshot.version} has too many layers to mount (${layers.length})`);
+  return checked;
+}
+
+/** A whole copy, every file as it is (links not followed), on the host. */
+async function copyTree(source: string, target: string): Promise<void> {
+  await mkdir(target, { recursive: true });
+  const result = await runProcessGroup(['cp', '-a', '--', `${source}/.`, `${target}/`], { timeoutMs: 60 * 60_000 });
+  if (result.exitCode !== 0) throw new Error(`copying ${source} failed: ${result.stderr.trim()}`);
 }
 
 /** The fallback copy: git repositories as shared local clones, everything else copied as it is. */

@@ -60,7 +60,7 @@ export function useTestEngine(driver: TestDriver, ready: (engine: TestEngine) =>
     });
     const executor = new Executor({
       database: api.db.database,
-      dataDir: api.dataDir,
+      environments: api.environments,
       publicUrl: TEST_PUBLIC_URL,
       forks,
       startDevServers,
@@ -93,7 +93,7 @@ export function useTestEngine(driver: TestDriver, ready: (engine: TestEngine) =>
         return response.json().task as { id: string; slug: string };
       },
       async connect(source, fullName) {
-        await addRepository(api.db.database.db, { dataDir: api.dataDir, workspace: tenant.workspace.name, source, fullName });
+        await addRepository(api.db.database.db, api.environments, { workspace: tenant.workspace.name, source, fullName, setup: false });
       },
       async settled(taskId) {
         await until(taskId, (body) => !['PENDING', 'IN_PROGRESS'].includes(body.task.status));

@@ -1,6 +1,7 @@
 /**
  * A fake OpenAI-compatible model server over real HTTP: answers POST /v1/chat/completions from a script,
  * taking one entry from its front per model call, and records every request so that tests can see what the model was told.
+ * GET /v1/models lists `options.models` (how a desktop runner discovers an endpoint's models).
  */
 import { createServer, type IncomingMessage, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -29,10 +30,22 @@ async function body(request: IncomingMessage): Promise<string> {
   return text;
 }
 
-export async function startFakeModel(script: ScriptedAnswer[]): Promise<FakeModel> {
+export interface FakeModelOptions {
+  /** The model ids GET /v1/models lists. */
+  models?: string[];
+}
+
+export async function startFakeModel(script: ScriptedAnswer[], options: FakeModelOptions = {}): Promise<FakeModel> {
   const requests: ChatRequest[] = [];
   let call = 0;
+  const models = options.models ?? ['fake-coder'];
   const server: Server = createServer(async (request, response) => {
+    if (request.method === 'GET' && request.url?.endsWith('/models')) {
+      response
+        .writeHead(200, { 'content-type': 'application/json' })
+        .end(JSON.stringify({ object: 'list', data: models.map((id) => ({ id, object: 'model', created: 0, owned_by: 'fake' })) }));
+      return;
+    }
     if (request.method !== 'POST' || !request.url?.endsWith('/chat/completions')) {
       response.writeHead(404).end();
       return;
@@ -82,6 +95,11 @@ export async function startFakeModel(script: ScriptedAnswer[]): Promise<FakeMode
   return {
     baseUrl: `http://127.0.0.1:${port}/v1`,
     requests,
-    close: () => new Promise((resolve) => server.close(() => resolve())),
+    // Clients' keep-alive connections would hold the close until their idle timeout.
+    close: () =>
+      new Promise((resolve) => {
+        server.close(() => resolve());
+        server.closeAllConnections();
+      }),
   };
 }

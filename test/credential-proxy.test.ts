@@ -1,0 +1,182 @@
+import { createServer, request as httpRequest, type IncomingHttpHeaders, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { CredentialProxy } from '../src/agents/credential-proxy.js';
+
+interface Seen {
+  method: string;
+  url: string;
+  headers: IncomingHttpHeaders;
+  body: string;
+}
+
+// A stand-in for a model provider: it records each request and answers /stream with SSE in several
+// chunks. The chunk after the first waits for the test to say its client has read the first one, so a
+// proxy that buffered the answer would never deliver it.
+const seen: Seen[] = [];
+let firstChunkRead: () => void = () => undefined;
+let sentLast = false;
+const upstream: Server = createServer((req, res) => {
+  let body = '';
+  req.setEncoding('utf8');
+  req.on('data', (chunk: string) => (body += chunk));
+  req.on('end', async () => {
+    seen.push({ method: req.method ?? '', url: req.url ?? '', headers: req.headers, body });
+    if (!req.url?.includes('/stream')) {
+      res.writeHead(201, { 'content-type': 'application/json', 'x-request-id': 'req_1', 'keep-alive': 'timeout=77' });
+      res.end(JSON.stringify({ ok: true }));
+      return;
+    }
+    const read = new Promise<void>((resolve) => (firstChunkRead = resolve));
+    res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
+    res.write('event: message_start\ndata: {"n":1}\n\n');
+    await read;
+    for (const n of [2, 3]) {
+      await new Promise((resolve) => setTimeout(resolve, 30));
+      res.write(`event: delta\ndata: {"n":${n}}\n\n`);
+    }
+    await new Promise((resolve) => setTimeout(resolve, 30));
+    sentLast = true;
+    res.end('event: message_stop\ndata: {"n":4}\n\n');
+  });
+});
+
+const logged: string[] = [];
+const proxy = new CredentialProxy({ logger: { warn: (details, message) => logged.push(JSON.stringify({ details, message })) } });
+let upstreamUrl = '';
+
+beforeAll(async () => {
+  await new Promise<void>((resolve) => upstream.listen(0, '127.0.0.1', resolve));
+  upstreamUrl = `http://127.0.0.1:${(upstream.address() as AddressInfo).port}`;
+});
+
+afterAll(async () => {
+  await proxy.close();
+  await new Promise((resolve) => upstream.close(resolve));
+});
+
+beforeEach(() => {
+  seen.length = 0;
+  sentLast = false;
+});
+
+describe('the credential proxy', () => {
+  it('forwards method, path under the upstream base, query and body, with the lease credentials instead of the client ones', async () => {
+    const lease = await proxy.lease({ upstreamBaseUrl: `${upstreamUrl}/base/v1/`, headers: { 'x-api-key': 'sk-real' } });
+    expect(lease.token.length).toBeGreaterThanOrEqual(43);
+    expect(lease.baseUrl).toMatch(new RegExp(`^http://127\\.0\\.0\\.1:\\d+/${lease.token}$`));
+
+    const response = await fetch(`${lease.baseUrl}/messages?beta=true&x=1`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'x-api-key': lease.token, authorization: 'Bearer sk-client', 'api-key': 'sk-azure', 'anthropic-version': '2023-06-01' },
+      body: JSON.stringify({ model: 'claude', max_tokens: 10 }),
+    });
+    expect(response.status).toBe(201);
+    expect(response.headers.get('x-request-id')).toBe('req_1');
+    // Hop-by-hop headers belong to the upstream connection only.
+    expect(response.headers.get('keep-alive')).not.toBe('timeout=77');
+    expect(await response.json()).toEqual({ ok: true });
+
+    expect(seen).toHaveLength(1);
+    const [request] = seen;
+    expect(request).toMatchObject({ method: 'POST', url: '/base/v1/messages?beta=true&x=1', body: '{"model":"claude","max_tokens":10}' });
+    expect(request!.headers).toMatchObject({ 'x-api-key': 'sk-real', 'anthropic-version': '2023-06-01', 'content-type': 'application/json', host: upstreamUrl.slice('http://'.length) });
+    expect(request!.headers.authorization).toBeUndefined();
+    expect(request!.headers['api-key']).toBeUndefined();
+    expect(JSON.stringify(request)).not.toContain(lease.token);
+    lease.release();
+  });
+
+  it('sets a bearer credential for OpenAI-style upstreams, and forwards a GET with no body', async () => {
+    const lease = await proxy.lease({ upstreamBaseUrl: `${upstreamUrl}/v1`, headers: { authorization: 'Bearer sk-openai-real' } });
+    const response = await fetch(`${lease.baseUrl}/models?limit=2`, { headers: { authorization: `Bearer ${lease.token}`, 'x-api-key': 'stray' } });
+    expect(response.status).toBe(201);
+    expect(seen).toEqual([expect.objectContaining({ method: 'GET', url: '/v1/models?limit=2', body: '' })]);
+    expect(seen[0]!.headers.authorization).toBe('Bearer sk-openai-real');
+    expect(seen[0]!.headers['x-api-key']).toBeUndefined();
+    lease.release();
+  });
+
+  it('keeps the upstream host whatever the path says', async () => {
+    const lease = await proxy.lease({ upstreamBaseUrl: upstreamUrl, headers: { 'x-api-key': 'sk-real' } });
+    const status = await rawStatus(`${lease.baseUrl}//evil.example/v1/messages`);
+    expect(status).toBe(201);
+    expect(seen.map((request) => [request.url, request.headers.host])).toEqual([['//evil.example/v1/messages', upstreamUrl.slice('http://'.length)]]);
+    lease.release();
+  });
+
+  it('streams an answer through chunk by chunk', async () => {
+    const lease = await proxy.lease({ upstreamBaseUrl: upstreamUrl, headers: { 'x-api-key': 'sk-real' } });
+    const response = await fetch(`${lease.baseUrl}/v1/stream`, { method: 'POST', body: '{"stream":true}' });
+    expect(response.status).toBe(200);
+    expect(response.headers.get('content-type')).toBe('text/event-stream');
+    const reader = response.body!.pipeThrough(new TextDecoderStream()).getReader();
+    const first = await reader.read();
+    expect(first.value).toBe('event: message_start\ndata: {"n":1}\n\n');
+    // The upstream waits for this before it sends the rest: the first chunk came through on its own.
+    expect(sentLast).toBe(false);
+    firstChunkRead();
+    let rest = '';
+    for (let chunk = await reader.read(); !chunk.done; chunk = await reader.read()) rest += chunk.value;
+    expect(rest).toBe('event: delta\ndata: {"n":2}\n\nevent: delta\ndata: {"n":3}\n\nevent: message_stop\ndata: {"n":4}\n\n');
+    expect(sentLast).toBe(true);
+    lease.release();
+  });
+
+  it('answers 403 for an unknown token, a prefix of a token and a released one, without reaching the upstream', async () => {
+    const lease = await proxy.lease({ upstreamBaseUrl: upstreamUrl, headers: { 'x-api-key': 'sk-real' } });
+    const origin = new URL(lease.baseUrl).origin;
+    for (const path of ['/not-a-lease/v1/messages', `/${lease.token.slice(0, 20)}/v1/messages`, `/${lease.token}x/v1/messages`, '/', '']) {
+      const response = await fetch(`${origin}${path}`, { method: 'POST', body: '{}', headers: { 'x-api-key': lease.token } });
+      expect(response.status).toBe(403);
+      expect(await response.json()).toEqual({ error: { code: 'lease_unknown', message: 'unknown or released credential lease' } });
+    }
+    expect((await fetch(`${lease.baseUrl}/v1/messages`)).status).toBe(201);
+    expect(seen).toHaveLength(1);
+
+    lease.release();
+    lease.release();
+    const released = await fetch(`${lease.baseUrl}/v1/messages`, { method: 'POST', body: '{}' });
+    expect(released.status).toBe(403);
+    expect(seen).toHaveLength(1);
+  });
+
+  it('answers 502 when the upstream is down, and logs no token', async () => {
+    const closed = createServer();
+    await new Promise<void>((resolve) => closed.listen(0, '127.0.0.1', resolve));
+    const port = (closed.address() as AddressInfo).port;
+    await new Promise((resolve) => closed.close(resolve));
+
+    const lease = await proxy.lease({ upstreamBaseUrl: `http://127.0.0.1:${port}/v1`, headers: { 'x-api-key': 'sk-real' } });
+    const response = await fetch(`${lease.baseUrl}/messages`, { method: 'POST', body: '{}' });
+    expect(response.status).toBe(502);
+    expect(await response.json()).toEqual({ error: { code: 'upstream_unreachable', message: expect.stringContaining('ECONNREFUSED') } });
+    expect(logged.length).toBeGreaterThan(0);
+    expect(logged.join('\n')).not.toContain(lease.token);
+    expect(logged.join('\n')).not.toContain('sk-real');
+    lease.release();
+  });
+
+  it('refuses upstreams that are not http(s), and leases after close', async () => {
+    await expect(proxy.lease({ upstreamBaseUrl: 'file:///etc/passwd', headers: {} })).rejects.toThrow(/http\(s\) URL/);
+    const other = new CredentialProxy();
+    const lease = await other.lease({ upstreamBaseUrl: upstreamUrl, headers: {} });
+    await other.close();
+    await expect(other.lease({ upstreamBaseUrl: upstreamUrl, headers: {} })).rejects.toThrow(/closed/);
+    await expect(fetch(`${lease.baseUrl}/v1/messages`)).rejects.toThrow();
+  });
+});
+
+/** The status of a GET sent with this exact path: fetch would normalize "//" away. */
+function rawStatus(url: string): Promise<number> {
+  const { port } = new URL(url);
+  const path = url.slice(url.indexOf('/', 'http://'.length));
+  return new Promise((resolve, reject) => {
+    httpRequest({ host: '127.0.0.1', port, path }, (response) => {
+      response.resume();
+      resolve(response.statusCode ?? 0);
+    })
+      .on('error', reject)
+      .end();
+  });
+}

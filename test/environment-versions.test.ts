@@ -1,0 +1,210 @@
+/**
+ * Environment versions: changes become new versions and never touch a version a fork uses; concurrent
+ * changes both land; stacks are flattened; unused versions are collected; an environment from before
+ * versions is adopted; the environment catches up with merges and runs setup when a manifest changed.
+ */
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { describe, expect, it } from 'vitest';
+import { addRepository } from '../src/engine/repositories.js';
+import { parseEnvironmentConfig } from '../src/sandbox/environment.js';
+import { EnvironmentStore, MAX_LAYERS, type EnvironmentChange } from '../src/sandbox/environment-versions.js';
+import { ForkManager, type Fork } from '../src/sandbox/fork.js';
+import { useTestApi, type Tenant, type TestApi } from './support/api.js';
+import { testDrivers } from './support/db.js';
+import { gitIn, sampleRepository } from './support/repos.js';
+
+const policy = { hiddenPaths: [], allowUnsandboxed: false };
+
+async function sh(fork: Fork, script: string): Promise<string> {
+  const result = await fork.run(['sh', '-c', script], { timeoutMs: 20_000 });
+  expect(result.stderr).toBe('');
+  expect(result.exitCode).toBe(0);
+  return result.stdout;
+}
+
+function newStore(): { store: EnvironmentStore; forks: ForkManager; root: string } {
+  const root = mkdtempSync(join(tmpdir(), 'svc-env-versions-'));
+  return { root, store: new EnvironmentStore(join(root, 'environment'), policy), forks: new ForkManager(join(root, 'forks'), policy) };
+}
+
+describe('environment versions (the store)', () => {
+  it('publishes each change as a new version and never changes one a fork is using', async () => {
+    const { store, forks } = newStore();
+    const first = await store.init('first', async (dir) => {
+      mkdirSync(join(dir, 'app'));
+      writeFileSync(join(dir, 'app', 'a.txt'), 'one\n');
+      writeFileSync(join(dir, 'app', 'gone.txt'), 'soon gone\n');
+    });
+    expect(first.version).toBe(1);
+    // A fork of version 1, with its overlay held mounted as a dev server would hold it.
+    const fork = await forks.create('task', first);
+    const holder = await fork.holdMount();
+    expect(await sh(fork, 'cat app/a.txt')).toBe('one\n');
+
+    const { version: second } = await store.change('edit', async (change) => {
+      await sh(change.fork, 'echo two > app/a.txt && rm app/gone.txt && echo new > app/b.txt');
+    });
+    expect(second.version).toBe(2);
+    expect(second.layers).toHaveLength(2);
+    expect(second.record.reason).toBe('edit');
+    expect(await store.readFile(second, 'app/a.txt')).toBe('two\n');
+    expect(await store.readFile(second, 'app/gone.txt')).toBeNull();
+    // The fork still sees version 1 exactly, mounted or not.
+    expect(await sh(fork, 'cat app/a.txt app/gone.txt; ls app')).toBe('one\nsoon gone\na.txt\ngone.txt\n');
+    await holder?.stop(0);
+    expect(await sh(fork, 'cat app/a.txt')).toBe('one\n');
+    expect(await store.readFile(first, 'app/a.txt')).toBe('one\n');
+    // A fork reopened later comes back on its own version, not the current one.
+    expect((await forks.open('task', fork.info.mode))!.info.lower.version).toBe(1);
+  });
+
+  it('applies a change again on the newer version when another published first, and publishes nothing on failure or discard', async () => {
+    const { store } = newStore();
+    await store.init('first', async (dir) => writeFileSync(join(dir, 'log.txt'), 'start\n'));
+    let release!: () => void;
+    const held = new Promise<void>((resolve) => (release = resolve));
+    let slowRuns = 0;
+    const slow = store.change('slow', async (change: EnvironmentChange) => {
+      slowRuns += 1;
+      await sh(change.fork, 'echo slow >> log.txt');
+      if (slowRuns === 1) await held;
+    });
+    // Let the slow change start, then another one lands first.
+    while (slowRuns === 0) await new Promise((resolve) => setTimeout(resolve, 10));
+    const { version: fast } = await store.change('fast', async (change) => sh(change.fork, 'echo fast >> log.txt'));
+    release();
+    const { version: last } = await slow;
+    expect(slowRuns).toBe(2);
+    expect([fast.version, last.version]).toEqual([2, 3]);
+    expect(await store.readFile(last, 'log.txt')).toBe('start\nfast\nslow\n');
+
+    await expect(store.change('broken', async (change) => {
+      await sh(change.fork, 'echo broken >> log.txt');
+      throw new Error('the change failed');
+    })).rejects.toThrow('the change failed');
+    const { version: unchanged } = await store.change('nothing', async (change) => {
+      change.discard = true;
+    });
+    expect(unchanged.version).toBe(3);
+    expect(store.current()!.version).toBe(3);
+    // No change fork is left behind.
+    expect(readdirSync(join(store.root, 'changes')).filter((entry) => !entry.startsWith('.'))).toEqual([]);
+  });
+
+  it('flattens a deep stack into one layer with the same files', async () => {
+    const { store } = newStore();
+    await store.init('first', async (dir) => writeFileSync(join(dir, 'deleted.txt'), 'x\n'));
+    await store.change('delete', async (change) => sh(change.fork, 'rm deleted.txt'));
+    let index = 0;
+    for (; store.current()!.layers.length > 1 || index === 0; index++) {
+      expect(store.current()!.layers.length).toBeLessThanOrEqual(MAX_LAYERS);
+      await store.change(`change ${index}`, async (change) => sh(change.fork, `echo ${index} > n.txt`));
+    }
+    const current = store.current()!;
+    expect(current.record.reason).toMatch(/^Flatten version \d+$/);
+    expect(index).toBe(MAX_LAYERS - 1);
+    expect(await store.readFile(current, 'n.txt')).toBe(`${index - 1}\n`);
+    expect(await store.readFile(current, 'deleted.txt')).toBeNull();
+  });
+
+  it('collects versions nobody uses and their layers, keeping the current one and those in use', async () => {
+    const { store } = newStore();
+    await store.init('first', async (dir) => writeFileSync(join(dir, 'a.txt'), '1\n'));
+    for (let index = 2; index <= 4; index++) await store.change(`v${index}`, async (change) => sh(change.fork, `echo ${index} > a.txt`));
+    // Right after the changes everything is within its grace period.
+    expect(await store.collect(new Set())).toEqual({ versions: 0, layers: 0 });
+    const later = Date.now() + 3_600_000;
+    const collected = await store.collect(new Set([2]), later);
+    expect(collected.versions).toBe(2);
+    expect(store.read(1)).toBeNull();
+    expect(store.read(3)).toBeNull();
+    expect(await store.readFile(store.read(2)!, 'a.txt')).toBe('2\n');
+    expect(await store.readFile(store.current()!, 'a.txt')).toBe('4\n');
+    // Layers of the collected versions that nobody else uses went too.
+    const referenced = new Set([...store.read(2)!.layers, ...store.current()!.layers]);
+    expect(readdirSync(join(store.root, 'layers')).map((entry) => join(store.root, 'layers', entry)).filter((path) => !referenced.has(path))).toEqual([]);
+  });
+
+  it('makes each version a whole copy where overlay mounts are unavailable, and forks copy it', async () => {
+    const root = mkdtempSync(join(tmpdir(), 'svc-env-copies-'));
+    const store = new EnvironmentStore(join(root, 'environment'), policy, () => undefined, { overlay: false });
+    const first = await store.init('first', async (dir) => {
+      writeFileSync(join(dir, 'a.txt'), 'one\n');
+      writeFileSync(join(dir, 'gone.txt'), 'x\n');
+    });
+    const { version: second } = await store.change('edit', async (change) => {
+      expect(change.fork.info.mode).toBe('clone');
+      await sh(change.fork, 'echo two > a.txt && rm gone.txt');
+    });
+    expect(second.layers).toHaveLength(1);
+    expect(await store.readFile(second, 'a.txt')).toBe('two\n');
+    expect(await store.readFile(second, 'gone.txt')).toBeNull();
+    expect(await store.readFile(first, 'a.txt')).toBe('one\n');
+    const fork = await new ForkManager(join(root, 'forks'), policy).create('task', second, { mode: 'clone' });
+    expect(await sh(fork, 'cat a.txt; ls')).toBe('two\na.txt\n');
+  });
+
+  it('adopts an environment from before versions as version 1', async () => {
+    const root = mkdtempSync(join(tmpdir(), 'svc-env-legacy-'));
+    const dir = join(root, 'environment');
+    mkdirSync(join(dir, 'web'), { recursive: true });
+    writeFileSync(join(dir, 'web', 'index.txt'), 'legacy\n');
+    const store = new EnvironmentStore(dir, policy);
+    const version = await store.init('never used', async () => {
+      throw new Error('an adopted environment is not built');
+    });
+    expect(version.version).toBe(1);
+    expect(await store.readFile(version, 'web/index.txt')).toBe('legacy\n');
+    expect(existsSync(join(dir, 'web'))).toBe(false);
+  });
+});
+
+describe.each(testDrivers)('environments catching up on %s', (driver) => {
+  let api: TestApi;
+  let tenant: Tenant;
+  useTestApi(driver, (ready) => ({ api, tenant } = ready));
+
+  /** A commit on the code host's main, as a merge would make it. */
+  const landOnMain = (fullName: string, files: Record<string, string>) => {
+    const bare = join(api.dataDir, 'codehost', tenant.workspace.id, `${fullName}.git`);
+    const work = mkdtempSync(join(tmpdir(), 'svc-land-'));
+    gitIn(tmpdir(), 'clone', '--quiet', bare, work);
+    for (const [file, content] of Object.entries(files)) writeFileSync(join(work, file), content);
+    gitIn(work, 'add', '-A');
+    gitIn(work, 'commit', '--quiet', '-m', `change ${Object.keys(files).join(' ')}`);
+    gitIn(work, 'push', '--quiet', 'origin', 'HEAD:main');
+  };
+
+  it('sweeps merges into a new version and runs setup only when a dependency manifest changed', async () => {
+    const db = api.db.database.db;
+    await addRepository(db, api.environments, { workspace: tenant.workspace.name, source: sampleRepository('deps'), fullName: 'acme/deps', setup: false });
+    const config = parseEnvironmentConfig(api.environments.current(tenant.workspace.id)!.record.config);
+    const install = 'n=$(cat ../installs 2>/dev/null || echo 0); echo $((n+1)) > ../installs; mkdir -p node_modules; cp package.json node_modules/installed.json';
+    const edited = { ...config, repositories: config.repositories.map((spec) => (spec.dir === 'deps' ? { ...spec, setup: [install] } : spec)) };
+    await api.environments.setConfig(tenant.workspace, JSON.stringify(edited));
+    expect((await api.environments.setup(tenant.workspace.id, ['deps'])).results.map((result) => result.passed)).toEqual([true]);
+    const installs = async () => (await api.environments.readFile(tenant.workspace.id, 'installs'))?.trim();
+    expect(await installs()).toBe('1');
+
+    // A change to code only: the working copy catches up, no setup runs.
+    landOnMain('acme/deps', { 'greeting.txt': 'hello\n' });
+    await api.environments.sweep();
+    expect(await api.environments.readFile(tenant.workspace.id, 'deps/greeting.txt')).toBe('hello\n');
+    expect(await installs()).toBe('1');
+
+    // A change to package.json: the sweep catches up and installs again.
+    landOnMain('acme/deps', { 'package.json': '{"name":"deps","version":"2.0.0"}\n' });
+    await api.environments.sweep();
+    const current = api.environments.current(tenant.workspace.id)!;
+    expect(current.record.reason).toBe('Setup deps');
+    expect(await installs()).toBe('2');
+    expect(await api.environments.readFile(tenant.workspace.id, 'deps/node_modules/installed.json')).toContain('2.0.0');
+    expect(current.record.setups.deps).toMatchObject({ passed: true, head: current.record.heads.deps });
+
+    // Nothing new: a sweep changes nothing.
+    await api.environments.sweep();
+    expect(api.environments.current(tenant.workspace.id)!.version).toBe(current.version);
+  });
+});
