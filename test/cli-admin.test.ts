@@ -89,6 +89,46 @@ describe.each(stores)('svc admin on $name', (store) => {
     expect(status.stdout).toContain('revoked');
   }, SPAWN_TIMEOUT_MS);
 
+  it('creates a user whose one-time sign-in link, printed last, signs in once', async () => {
+    expect((await svc('admin', 'workspace', 'create', 'team')).code).toBe(0);
+    const created = await svc('admin', 'user', 'create', '--email', 'ada@example.com', '--workspace', 'team', '--name', 'Ada', '--role', 'admin', '--public-url', 'https://svc.example.com/');
+    expect(created.code, created.stderr).toBe(0);
+    expect(created.stdout).toMatch(/^Created user ada@example\.com \(id [0-9a-f-]{36}\) with a personal workspace; added to "team" as admin\.\n/);
+    const first = created.stdout.trimEnd().split('\n').at(-1)!;
+    expect(first).toMatch(/^https:\/\/svc\.example\.com\/auth\/sign-in\/[A-Za-z0-9_-]{43}$/);
+    // A fresh link replaces it; without --public-url the link points where `svc server` listens by default.
+    const defaults = { ...store.env(), SVC_HOST: undefined, SVC_PORT: undefined, SVC_PUBLIC_URL: undefined };
+    const fresh = await runSvc(['admin', 'user', 'sign-in-link', '--email', 'ADA@example.com', ...store.args()], defaults);
+    expect(fresh.code, fresh.stderr).toBe(0);
+    const second = fresh.stdout.trimEnd().split('\n').at(-1)!;
+    expect(second).toMatch(/^http:\/\/127\.0\.0\.1:8080\/auth\/sign-in\/[A-Za-z0-9_-]{43}$/);
+
+    const listed = await svc('admin', 'user', 'list', '--json');
+    expect(listed.code, listed.stderr).toBe(0);
+    expect(JSON.parse(listed.stdout)).toEqual([
+      expect.objectContaining({
+        email: 'ada@example.com',
+        name: 'Ada',
+        hasPassword: false,
+        workspaces: [expect.objectContaining({ role: 'owner', personal: true, name: expect.stringMatching(/^personal-[0-9a-f]{12}$/) }), expect.objectContaining({ name: 'team', role: 'admin', personal: false })],
+      }),
+    ]);
+    expect(listed.stdout).not.toMatch(/hash|sign-in\//i);
+
+    const server = await startSvcServer(store.args(), store.env());
+    const open = (link: string) => fetch(`${server.url}${new URL(link).pathname}`, { redirect: 'manual' });
+    expect((await open(first)).status).toBe(410);
+    const opened = await open(second);
+    expect(opened.status).toBe(303);
+    expect(opened.headers.get('location')).toBe('/');
+    const cookie = opened.headers.get('set-cookie')!.split(';')[0]!;
+    const session = await fetch(`${server.url}/api/v1/auth/session`, { headers: { cookie } });
+    expect(session.status).toBe(200);
+    expect(((await session.json()) as { user: unknown }).user).toMatchObject({ email: 'ada@example.com', name: 'Ada' });
+    expect((await open(second)).status).toBe(410);
+    expect(await server.stop()).toBe(0);
+  }, SPAWN_TIMEOUT_MS);
+
   it('answers bad input with one line and a non-zero exit', async () => {
     const cases: Array<[string[], number, RegExp]> = [
       [['admin', 'api-key', 'create', '--workspace', 'nope'], 1, /^svc: workspace "nope" does not exist\n$/],

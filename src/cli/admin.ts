@@ -1,12 +1,18 @@
 /** `svc admin`: operator bootstrap commands that work directly on the store. */
-import { join } from 'node:path';
+import { readFileSync } from 'node:fs';
 import type { Command } from 'commander';
-import { admin, sandboxPolicyOf, withStore } from '../main.js';
+import { admin, publicUrlOf, withEnvironments, withStore } from '../main.js';
 import { formatCredits } from '../domain/pricing.js';
 import { CliError, table } from './output.js';
 import { addStoreOptions, configFrom } from './store-options.js';
 
 const when = (date: Date | null): string => (date ? date.toISOString().replace(/\.\d+Z$/, 'Z') : '-');
+
+
+/** The link goes alone on the last line, so that scripts can take it with `tail -n 1`. */
+function printSignInLink(link: { url: string; expiresAt: Date }): void {
+  process.stdout.write(`One-time sign-in link (works once, until ${when(link.expiresAt)}):\n${link.url}\n`);
+}
 
 /** Prints each setup command's result; a failed one fails the command (its output's end on stderr). */
 function reportSetup(results: admin.SetupResult[]): void {
@@ -70,19 +76,13 @@ export function registerAdmin(program: Command): void {
   ).action(async (source: string, options: { workspace: string; name?: string; setup: boolean } & Record<string, unknown>) => {
     const { workspace: name, name: fullName, setup, ...rest } = options;
     const config = configFrom(rest);
-    const { repository, spec, setup: ran } = await withStore(config, (database) =>
-      admin.addRepository(database.db, {
-        dataDir: config.dataDir,
-        workspace: name,
-        source,
-        ...(fullName === undefined ? {} : { fullName }),
-        ...(setup ? { setup: sandboxPolicyOf(config) } : {}),
-      }),
+    const { repository, spec, setup: ran } = await withEnvironments(config, (database, environments) =>
+      admin.addRepository(database.db, environments, { workspace: name, source, setup, ...(fullName === undefined ? {} : { fullName }) }),
     );
     const checks = spec.checks.map((check) => check.name).join(', ') || 'none';
     process.stdout.write(
       `Connected ${repository.fullName} to "${name}" (branch ${repository.defaultBranch}, directory ${repository.dir}/; checks: ${checks}).\n` +
-        `Edit its setup, checks and dev servers in ${join(admin.environmentDir(config.dataDir, repository.workspaceId), admin.ENVIRONMENT_CONFIG_FILE)}\n`,
+        `Edit its setup, checks and dev servers with: svc admin environment config --workspace ${name} [--file FILE]\n`,
     );
     reportSetup(ran);
   });
@@ -91,7 +91,7 @@ export function registerAdmin(program: Command): void {
   ).action(async (options: { workspace: string } & Record<string, unknown>) => {
     const { workspace: name, ...rest } = options;
     const config = configFrom(rest);
-    const ran = await withStore(config, (database) => admin.setupEnvironment(database.db, config.dataDir, name, sandboxPolicyOf(config)));
+    const ran = await withEnvironments(config, (database, environments) => admin.setupEnvironment(database.db, environments, name));
     if (ran.length === 0) process.stdout.write('No setup commands are configured.\n');
     reportSetup(ran);
   });
@@ -103,6 +103,31 @@ export function registerAdmin(program: Command): void {
       process.stdout.write(table(rows.map((row) => ({ name: row.fullName, branch: row.defaultBranch, dir: row.dir, source: row.source }))) || 'No repositories.\n');
     },
   );
+
+  const environment = root.command('environment').description("a workspace's environment: the config of its setup, checks and dev servers");
+  addStoreOptions(
+    environment
+      .command('config')
+      .description('print the environment config (.svc/environment.json), or replace it with --file (then the setups it changes run)')
+      .requiredOption('--workspace <name>', 'workspace')
+      .option('--file <path>', 'the new config (JSON); - reads standard input'),
+  ).action(async (options: { workspace: string; file?: string } & Record<string, unknown>) => {
+    const { workspace: name, file, ...rest } = options;
+    const config = configFrom(rest);
+    if (file === undefined) {
+      const current = await withEnvironments(config, (database, environments) => admin.environmentConfig(database.db, environments, name));
+      return void process.stdout.write(current.text);
+    }
+    let text: string;
+    try {
+      text = file === '-' ? readFileSync(0, 'utf8') : readFileSync(file, 'utf8');
+    } catch (error) {
+      throw new CliError(`cannot read ${file}: ${(error as Error).message}`);
+    }
+    const changed = await withEnvironments(config, (database, environments) => admin.setEnvironmentConfig(database.db, environments, name, text));
+    process.stdout.write(`The environment of "${name}" is now at version ${changed.version}.\n`);
+    reportSetup(changed.setup);
+  });
 
   const apiKey = root.command('api-key').description('manage workspace API keys');
   addStoreOptions(
@@ -155,4 +180,61 @@ export function registerAdmin(program: Command): void {
     const revoked = await withStore(configFrom(rest), (database) => admin.removeApiKey(database.db, name, idOrPrefix.replace(/…$/, '')));
     process.stdout.write(`Revoked API key ${revoked.prefix}… "${revoked.name}" (${revoked.id})\n`);
   });
+
+  const user = root.command('user').description('manage user accounts and their sign-in links');
+  addStoreOptions(
+    user
+      .command('create')
+      .description('create a user (with a personal workspace) or take an existing one, add it to a workspace, and print a one-time sign-in link')
+      .requiredOption('--email <email>', 'the user\'s email address')
+      .requiredOption('--workspace <name>', 'workspace the user joins')
+      .option('--name <name>', 'display name (for a new account)')
+      .option('--role <role>', 'owner, admin or member', 'member')
+      .option('--public-url <url>', 'address people reach the service at, for the link (SVC_PUBLIC_URL)'),
+  ).action(async (options: { email: string; workspace: string; name?: string; role: string } & Record<string, unknown>) => {
+    const { email, workspace: name, name: displayName, role, ...rest } = options;
+    const config = configFrom(rest);
+    const created = await withStore(config, (database) =>
+      admin.createUser(
+        database.db,
+        { email, workspace: name, role, ...(displayName === undefined ? {} : { name: displayName }) },
+        { publicUrl: publicUrlOf(config), defaultAgent: config.defaultAgent },
+      ),
+    );
+    const account = created.created ? `Created user ${created.user.email} (id ${created.user.id}) with a personal workspace` : `User ${created.user.email} (id ${created.user.id}) already exists`;
+    const membership = created.membershipAdded ? `added to "${name}" as ${created.role}` : `already a member of "${name}" (${created.role})`;
+    process.stdout.write(`${account}; ${membership}.\n`);
+    printSignInLink(created.signInLink);
+  });
+  addStoreOptions(
+    user
+      .command('sign-in-link')
+      .description('print a fresh one-time sign-in link for a user (earlier unused links stop working)')
+      .requiredOption('--email <email>', 'the user\'s email address')
+      .option('--public-url <url>', 'address people reach the service at, for the link (SVC_PUBLIC_URL)'),
+  ).action(async (options: { email: string } & Record<string, unknown>) => {
+    const { email, ...rest } = options;
+    const config = configFrom(rest);
+    const { signInLink } = await withStore(config, (database) => admin.userSignInLink(database.db, email, publicUrlOf(config)));
+    printSignInLink(signInLink);
+  });
+  addStoreOptions(user.command('list').description('list users and their workspaces (never passwords)').option('--json', 'print JSON')).action(
+    async (options: { json?: boolean } & Record<string, unknown>) => {
+      const { json, ...rest } = options;
+      const rows = await withStore(configFrom(rest), (database) => admin.userAccounts(database.db));
+      if (json) return void process.stdout.write(`${JSON.stringify(rows, null, 2)}\n`);
+      process.stdout.write(
+        table(
+          rows.map((row) => ({
+            email: row.email,
+            name: row.name ?? '-',
+            id: row.id,
+            password: row.hasPassword ? 'set' : 'none',
+            workspaces: row.workspaces.map((workspace) => `${workspace.name} (${workspace.personal ? 'personal' : workspace.role})`).join(', '),
+            created: when(row.createdAt),
+          })),
+        ) || 'No users.\n',
+      );
+    },
+  );
 }

@@ -1,4 +1,5 @@
-import { createHash, randomBytes } from 'node:crypto';
+import { randomBytes } from 'node:crypto';
+import { hashSecret } from './secrets.js';
 
 export const API_KEY_PREFIX = 'service_';
 /** 32 random bytes as base64url: 43 URL-safe characters after the prefix. */
@@ -9,10 +10,8 @@ export function generateApiKey(): string {
   return API_KEY_PREFIX + randomBytes(RANDOM_BYTES).toString('base64url');
 }
 
-/** Keys carry 256 bits of randomness, so a fast hash is enough; nothing slower is needed to resist guessing. */
-export function hashApiKey(key: string): string {
-  return createHash('sha256').update(key).digest('hex');
-}
+/** The stored form of a key (secrets.ts): keys carry 256 random bits, so a fast hash is enough. */
+export const hashApiKey: (key: string) => string = hashSecret;
 
 export function isWellFormedApiKey(value: string): boolean {
   return KEY_SHAPE.test(value);

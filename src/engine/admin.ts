@@ -1,12 +1,15 @@
-/** Operator actions behind `svc admin`: workspaces and API keys. */
+/** Operator actions behind `svc admin`: workspaces, API keys and users. */
 import { displayPrefix, parseDuration } from '../domain/api-keys.js';
 import { ConflictError, NotFoundError, ValidationError } from '../domain/errors.js';
 import type { Db } from '../store/db.js';
+import type { Environments, SetupResult } from './environments.js';
 import { parseCredits } from '../domain/pricing.js';
 import { parseAgentId } from '../domain/agents.js';
 import { addCredits, creditBalance } from '../store/credits.js';
 import { createApiKey, listApiKeys, revokeApiKey, type ApiKeyRecord } from '../store/api-keys.js';
 import { createWorkspace, findWorkspaceByName, listWorkspaces, type Workspace, type WorkspacePlan } from '../store/workspaces.js';
+import { addMembership, findMembership, findUserByEmail, listUsers, listUserWorkspaces, ROLES, type Role, type UserRow } from '../store/users.js';
+import { findOrCreateAccount, issueSignInLink } from './users.js';
 
 export const WORKSPACE_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/;
 export const PLANS: readonly WorkspacePlan[] = ['free', 'pro', 'max'];
@@ -62,7 +65,18 @@ export async function removeApiKey(db: Db, workspaceName: string, idOrPrefix: st
 
 export { listWorkspaces };
 export { addRepository, setupEnvironment, workspaceRepositories, type SetupResult } from './repositories.js';
-export { environmentDir, CONFIG_FILE as ENVIRONMENT_CONFIG_FILE } from '../sandbox/environment.js';
+
+/** `svc admin environment config`: the config of the workspace environment's current version. */
+export async function environmentConfig(db: Db, environments: Environments, workspaceName: string): Promise<{ version: number; text: string }> {
+  const version = await environments.ensure(await requireWorkspace(db, workspaceName));
+  return { version: version.version, text: version.record.config ?? '' };
+}
+
+/** `svc admin environment config --file F`: replaces the config (committed to svc/environment), then runs the setups it makes due. */
+export async function setEnvironmentConfig(db: Db, environments: Environments, workspaceName: string, text: string): Promise<{ version: number; setup: SetupResult[] }> {
+  const { version, setup } = await environments.setConfig(await requireWorkspace(db, workspaceName), text);
+  return { version: version.version, setup };
+}
 
 export async function grantCredits(db: Db, workspaceName: string, amount: string): Promise<{ grantedMicro: number; balanceMicro: number }> {
   const micro = parseCredits(amount);
@@ -86,4 +100,69 @@ export async function bootstrap(db: Db, defaultAgent: string): Promise<{ workspa
   if (!workspace) return null;
   const { key } = await createApiKey(db, { workspaceId: workspace.id, name: 'bootstrap' });
   return { workspace, key };
+}
+
+export interface CreatedUser {
+  user: UserRow;
+  /** Whether the account is new (it then got its personal workspace). */
+  created: boolean;
+  /** The user's role in the workspace: the one given if the membership is new, else the one it had. */
+  role: Role;
+  membershipAdded: boolean;
+  signInLink: { url: string; expiresAt: Date };
+}
+
+/**
+ * `svc admin user create`: the account (new ones with their personal workspace), its membership of the
+ * workspace and a one-time sign-in link, together. The operator may hand out a link for any account.
+ */
+export async function createUser(
+  db: Db,
+  input: { email: string; workspace: string; name?: string; role?: string },
+  options: { publicUrl: string; defaultAgent: string },
+): Promise<CreatedUser> {
+  const role = (input.role ?? 'member') as Role;
+  if (!ROLES.includes(role)) throw ValidationError.field('role', `must be one of ${ROLES.join(', ')}`);
+  const workspace = await requireWorkspace(db, input.workspace);
+  return db.transaction(async (tx) => {
+    const { user, created } = await findOrCreateAccount(tx, { email: input.email, name: input.name, defaultAgent: options.defaultAgent });
+    if (workspace.personalUserId !== null && workspace.personalUserId !== user.id) {
+      throw new ConflictError(`workspace "${workspace.name}" is the personal workspace of another user`);
+    }
+    const membershipAdded = await addMembership(tx, { workspaceId: workspace.id, userId: user.id, role });
+    const membership = await findMembership(tx, workspace.id, user.id);
+    const signInLink = await issueSignInLink(tx, user.id, options.publicUrl);
+    return { user, created, role: membership?.role ?? role, membershipAdded, signInLink };
+  });
+}
+
+/** `svc admin user sign-in-link`: a fresh one-time link for an existing account; older ones stop working. */
+export async function userSignInLink(db: Db, email: string, publicUrl: string): Promise<{ user: UserRow; signInLink: { url: string; expiresAt: Date } }> {
+  const user = await findUserByEmail(db, email.trim());
+  if (!user) throw new NotFoundError(`no user with email "${email}"`);
+  return { user, signInLink: await issueSignInLink(db, user.id, publicUrl) };
+}
+
+export interface UserListing {
+  id: string;
+  email: string;
+  name: string | null;
+  hasPassword: boolean;
+  createdAt: Date;
+  workspaces: Array<{ id: string; name: string; role: Role; personal: boolean }>;
+}
+
+/** `svc admin user list`: every account with its workspaces; never a password hash. */
+export async function userAccounts(db: Db): Promise<UserListing[]> {
+  const rows = await listUsers(db);
+  return Promise.all(
+    rows.map(async (user) => ({
+      id: user.id,
+      email: user.email,
+      name: user.name,
+      hasPassword: user.passwordHash !== null,
+      createdAt: user.createdAt,
+      workspaces: (await listUserWorkspaces(db, user.id)).map(({ id, name, role, personal }) => ({ id, name, role, personal })),
+    })),
+  );
 }

@@ -1,18 +1,58 @@
 /**
- * Bearer authentication of workspace API keys and the per-key rate limit, in one database round trip.
- * Any scheme other than Bearer, a malformed key, or an unknown, expired or revoked one is 401.
+ * Authentication of /api/v1 and the rate limit. A request is authenticated by a workspace API key
+ * (`Authorization: Bearer service_…`, checked and counted in one database round trip) or by the session
+ * cookie of a signed-in user. An Authorization header always wins: with one, cookies are ignored, and
+ * any scheme other than Bearer, a malformed key, or an unknown, expired or revoked one is 401.
+ *
+ * Session requests act in the workspace named by `X-Svc-Workspace` (one the user is a member of), by
+ * default the user's personal workspace. Browsers send cookies by themselves, so a session request with
+ * an unsafe method must also prove it comes from the service's own pages: `X-CSRF-Token` equal to the
+ * session's token (a page of another site cannot read it) and, when the browser sends `Origin`, the
+ * public URL's origin.
  */
-import type { FastifyRequest } from 'fastify';
+import { createHash, timingSafeEqual } from 'node:crypto';
+import type { FastifyReply, FastifyRequest } from 'fastify';
 import { hashApiKey, isWellFormedApiKey } from '../domain/api-keys.js';
-import { RateLimitedError, UnauthorizedError } from '../domain/errors.js';
+import { AppError, RateLimitedError, UnauthorizedError } from '../domain/errors.js';
+import { isUuid } from '../domain/slugs.js';
 import type { Caller } from '../engine/tasks.js';
+import { hashToken, isWellFormedToken } from '../engine/users.js';
 import type { Db } from '../store/db.js';
-import { authenticateAndCount, type RateLimits } from '../store/rate-limit.js';
+import { authenticateAndCount, countRequest, type RateLimits } from '../store/rate-limit.js';
+import { resolveSession } from '../store/sessions.js';
+import type { Role } from '../store/users.js';
+
+export const SESSION_COOKIE = 'svc_session';
+export const WORKSPACE_HEADER = 'x-svc-workspace';
+export const CSRF_HEADER = 'x-csrf-token';
+const SAFE_METHODS = new Set(['GET', 'HEAD', 'OPTIONS']);
+const NIL_UUID = '00000000-0000-0000-0000-000000000000';
+
+export const SESSION_EXPIRED = 'Invalid or expired session; sign in again';
+export const USER_REQUIRED = 'This endpoint needs a signed-in user; workspace API keys cannot use it';
+
+/** The signed-in user behind a session request, and the workspace it acts in. */
+export interface RequestSession {
+  sessionId: string;
+  userId: string;
+  csrfToken: string;
+  expiresAt: Date;
+  workspaceId: string;
+  role: Role;
+  personal: boolean;
+}
 
 declare module 'fastify' {
   interface FastifyRequest {
     caller: Caller | null;
+    session: RequestSession | null;
   }
+}
+
+export interface SessionSettings {
+  /** Where people reach the service: the only origin session requests may come from. */
+  publicUrl: string;
+  ttlMs: number;
 }
 
 export function bearerToken(header: string | undefined): string | null {
@@ -21,8 +61,46 @@ export function bearerToken(header: string | undefined): string | null {
   return match?.[1] ?? null;
 }
 
-export function makeAuthenticator(db: Db, limits: RateLimits) {
-  return async function authenticate(request: FastifyRequest): Promise<void> {
+/** The value of cookie `name` in a Cookie header (the first one, as the most specific path comes first). */
+export function readCookie(header: string | undefined, name: string): string | null {
+  if (!header) return null;
+  for (const pair of header.split(';')) {
+    const at = pair.indexOf('=');
+    if (at < 0 || pair.slice(0, at).trim() !== name) continue;
+    const value = pair.slice(at + 1).trim();
+    return value.length >= 2 && value.startsWith('"') && value.endsWith('"') ? value.slice(1, -1) : value;
+  }
+  return null;
+}
+
+const isHttps = (publicUrl: string) => new URL(publicUrl).protocol === 'https:';
+
+/** Set-Cookie for a session token: script cannot read it, other sites' requests do not carry it (Lax). */
+export function sessionCookie(token: string, settings: SessionSettings): string {
+  const maxAge = Math.floor(settings.ttlMs / 1000);
+  return `${SESSION_COOKIE}=${token}; Path=/; Max-Age=${maxAge}; HttpOnly; SameSite=Lax${isHttps(settings.publicUrl) ? '; Secure' : ''}`;
+}
+
+export function clearedSessionCookie(settings: SessionSettings): string {
+  return `${SESSION_COOKIE}=; Path=/; Max-Age=0; HttpOnly; SameSite=Lax${isHttps(settings.publicUrl) ? '; Secure' : ''}`;
+}
+
+/** Refuses a browser request from a page of another origin (`Origin` is absent outside browsers). */
+export function assertSameOrigin(request: FastifyRequest, publicUrl: string): void {
+  const origin = request.headers.origin;
+  const expected = new URL(publicUrl).origin;
+  if (origin !== undefined && origin !== expected) {
+    throw new AppError('forbidden', `Origin ${origin.slice(0, 200)} is not allowed; requests with the session cookie must come from ${expected}`);
+  }
+}
+
+function sameSecret(given: string, expected: string): boolean {
+  const digest = (value: string) => createHash('sha256').update(value).digest();
+  return timingSafeEqual(digest(given), digest(expected));
+}
+
+export function makeAuthenticator(db: Db, limits: RateLimits, settings: SessionSettings) {
+  async function authenticateKey(request: FastifyRequest): Promise<void> {
     const token = bearerToken(request.headers.authorization);
     if (!token || !isWellFormedApiKey(token)) throw new UnauthorizedError();
     const outcome = await authenticateAndCount(db, hashApiKey(token), limits);
@@ -32,10 +110,61 @@ export function makeAuthenticator(db: Db, limits: RateLimits) {
       case 'limited':
         throw new RateLimitedError(outcome.window, outcome.limit, outcome.retryAfterSeconds);
       case 'allowed':
-        request.caller = { workspaceId: outcome.workspaceId, keyId: outcome.keyId };
+        request.caller = { workspaceId: outcome.workspaceId, keyId: outcome.keyId, userId: null };
         request.log = request.log.child({ workspaceId: outcome.workspaceId, keyId: outcome.keyId });
         return;
     }
+  }
+
+  async function authenticateSession(request: FastifyRequest, reply: FastifyReply, token: string): Promise<void> {
+    const asked = request.headers[WORKSPACE_HEADER];
+    // A header that names no workspace matches none (the nil UUID is nobody's id): 403, never the default.
+    const workspaceId = asked === undefined ? null : typeof asked === 'string' && isUuid(asked.trim()) ? asked.trim().toLowerCase() : NIL_UUID;
+    const session = isWellFormedToken(token)
+      ? await resolveSession(db, { tokenHash: hashToken(token), workspaceId, ttlMs: settings.ttlMs })
+      : null;
+    if (!session) {
+      // The browser may as well forget a cookie that no longer signs anyone in.
+      reply.header('set-cookie', clearedSessionCookie(settings));
+      throw new AppError('unauthorized', SESSION_EXPIRED);
+    }
+    if (!SAFE_METHODS.has(request.method)) {
+      const csrf = request.headers[CSRF_HEADER];
+      if (typeof csrf !== 'string' || !sameSecret(csrf, session.csrfToken)) {
+        throw new AppError('forbidden', 'Missing or wrong X-CSRF-Token: requests with the session cookie that change something must send the csrfToken of the session');
+      }
+      assertSameOrigin(request, settings.publicUrl);
+    }
+    if (!session.workspace) {
+      throw new AppError(
+        'forbidden',
+        asked === undefined
+          ? 'You have no personal workspace; name one of your workspaces in X-Svc-Workspace'
+          : 'X-Svc-Workspace must be the id of a workspace you are a member of',
+      );
+    }
+    const counted = await countRequest(db, session.userId, limits);
+    if (counted.kind === 'limited') throw new RateLimitedError(counted.window, counted.limit, counted.retryAfterSeconds);
+    // A sliding session: the cookie's lifetime moves with the stored expiry.
+    if (session.renewed) reply.header('set-cookie', sessionCookie(token, settings));
+    request.session = {
+      sessionId: session.sessionId,
+      userId: session.userId,
+      csrfToken: session.csrfToken,
+      expiresAt: session.expiresAt,
+      workspaceId: session.workspace.id,
+      role: session.workspace.role,
+      personal: session.workspace.personal,
+    };
+    request.caller = { workspaceId: session.workspace.id, keyId: null, userId: session.userId };
+    request.log = request.log.child({ workspaceId: session.workspace.id, userId: session.userId });
+  }
+
+  return async function authenticate(request: FastifyRequest, reply: FastifyReply): Promise<void> {
+    if (request.headers.authorization !== undefined) return authenticateKey(request);
+    const token = readCookie(request.headers.cookie, SESSION_COOKIE);
+    if (token === null) throw new UnauthorizedError();
+    return authenticateSession(request, reply, token);
   };
 }
 
@@ -43,4 +172,14 @@ export function makeAuthenticator(db: Db, limits: RateLimits) {
 export function callerOf(request: FastifyRequest): Caller {
   if (!request.caller) throw new UnauthorizedError();
   return request.caller;
+}
+
+/**
+ * The signed-in user of a route only a person may use (a workspace API key is refused with 403): local
+ * work, pairing a runner, the session itself.
+ */
+export function requireUser(request: FastifyRequest): RequestSession {
+  if (request.session) return request.session;
+  if (request.caller) throw new AppError('forbidden', USER_REQUIRED);
+  throw new UnauthorizedError();
 }

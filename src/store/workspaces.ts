@@ -8,17 +8,18 @@ export type WorkspacePlan = 'free' | 'pro' | 'max';
 export type Workspace = typeof workspaces.$inferSelect;
 
 /**
- * Creates a workspace with its undeletable `default` routing config and its plan's first allowance. Returns null when the name is taken,
- * which is also how two processes bootstrapping one fresh database agree on a single winner.
+ * Creates a workspace with its undeletable `default` routing config and its plan's first allowance. Returns null when the name is taken
+ * (or, for a personal workspace, when the user has one), which is also how two processes bootstrapping one fresh database agree on a
+ * single winner.
  */
 export async function createWorkspace(
   db: Db,
-  input: { name: string; plan?: WorkspacePlan; defaultAgent: string },
+  input: { name: string; plan?: WorkspacePlan; defaultAgent: string; personalUserId?: string },
 ): Promise<Workspace | null> {
   return db.transaction(async (tx) => {
     const [workspace] = await tx
       .insert(workspaces)
-      .values({ name: input.name, plan: input.plan ?? 'free' })
+      .values({ name: input.name, plan: input.plan ?? 'free', personalUserId: input.personalUserId ?? null })
       .onConflictDoNothing()
       .returning();
     if (!workspace) return null;
