@@ -7,12 +7,14 @@
 import { spawn } from 'node:child_process';
 import { forkBench } from './fork.js';
 import { httpBench } from './http.js';
+import { runnersBench } from './runners.js';
 import { taskStartBench } from './task-start.js';
 
 const PARTS: Record<string, () => Promise<void>> = {
   http: httpBench,
   fork: forkBench,
   'task-start': taskStartBench,
+  runners: runnersBench,
 };
 
 function runAlone(name: string): Promise<number | null> {

@@ -9,6 +9,7 @@ import { buildServer } from '../src/server/app.js';
 import { createApiKey } from '../src/store/api-keys.js';
 import { openDatabase, type Database } from '../src/store/db.js';
 import { createWorkspace } from '../src/store/workspaces.js';
+import { findOrCreateAccount, issueSignInLink } from '../src/engine/users.js';
 
 const kind = process.argv[2];
 const KEYS = 256;
@@ -22,6 +23,7 @@ async function main(): Promise<void> {
     process.stdout.write(`${JSON.stringify({ port: typeof address === 'object' && address ? address.port : 0 })}\n`);
     return;
   }
+  if (kind === 'runners') return runnerServer();
   let database: Database;
   if (kind === 'pglite') database = await openDatabase({ driver: 'pglite', dataDir: null });
   else if (kind === 'postgres') {
@@ -45,6 +47,30 @@ async function main(): Promise<void> {
   const address = app.server.address();
   const port = typeof address === 'object' && address ? address.port : 0;
   process.stdout.write(`${JSON.stringify({ port, keys, taskId: created.json().task.id })}\n`);
+  process.on('SIGTERM', () => {
+    app.close().then(() => database.close()).finally(() => process.exit(0));
+  });
+}
+
+/**
+ * The svc HTTP edge on PostgreSQL for the runner protocol benchmark: one signed-in user's one-time link
+ * token (the parent signs in, pairs and enrolls runners over HTTP), limits far above the load.
+ */
+async function runnerServer(): Promise<void> {
+  const database = await openDatabase({ driver: 'postgres', url: process.env.BENCH_DATABASE_URL!, schema: process.env.BENCH_SCHEMA!, poolSize: 10 });
+  const { user } = await database.db.transaction((tx) => findOrCreateAccount(tx, { email: 'bench@example.com', defaultAgent: 'openai-compatible/fake' }));
+  const link = await issueSignInLink(database.db, user.id, 'http://127.0.0.1');
+  const app = await buildServer({
+    database,
+    publicUrl: 'http://127.0.0.1',
+    dataDir: tmpdir(),
+    rateLimits: { perMinute: 1e9, perHour: 1e9 },
+    runnerRateLimits: { perMinute: 1e9, perHour: 1e9 },
+  });
+  await app.listen({ port: 0, host: '127.0.0.1' });
+  const address = app.server.address();
+  const port = typeof address === 'object' && address ? address.port : 0;
+  process.stdout.write(`${JSON.stringify({ port, pid: process.pid, signInToken: link.url.slice(link.url.lastIndexOf('/') + 1) })}\n`);
   process.on('SIGTERM', () => {
     app.close().then(() => database.close()).finally(() => process.exit(0));
   });

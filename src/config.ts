@@ -35,6 +35,9 @@ export const ConfigSchema = z.object({
   /** SVC_RATE_LIMIT_PER_MINUTE, SVC_RATE_LIMIT_PER_HOUR: per API key (SPEC.md "Limits"). */
   rateLimitPerMinute: z.coerce.number().int().min(1).default(100),
   rateLimitPerHour: z.coerce.number().int().min(1).default(1000),
+  /** SVC_RUNNER_RATE_LIMIT_PER_MINUTE, SVC_RUNNER_RATE_LIMIT_PER_HOUR: per desktop runner connection. */
+  runnerRateLimitPerMinute: z.coerce.number().int().min(1).default(1200),
+  runnerRateLimitPerHour: z.coerce.number().int().min(1).default(36_000),
   /** SVC_DB_POOL_SIZE: connections per process to PostgreSQL. */
   dbPoolSize: z.coerce.number().int().min(1).max(200).default(10),
   /** SVC_EXECUTOR_CONCURRENCY: jobs this process runs at once (`svc server` and `svc worker`); 0: none. */
@@ -58,6 +61,16 @@ export const ConfigSchema = z.object({
   forkDeleteMs: z.coerce.number().int().min(0).default(7 * 24 * 60 * 60_000),
   /** SVC_SCHEDULER_TICK_MS: how often the scheduler moves forks along their lifecycle. */
   schedulerTickMs: z.coerce.number().int().min(100).default(60_000),
+  /**
+   * SVC_REPO_PATHS: directories (comma-separated, absolute) under which `POST /api/v1/repos` may connect a
+   * repository by its path on the server; none by default, since a workspace key must not read the
+   * server's files. `svc admin repo add` takes any path.
+   */
+  repoPaths: z
+    .string()
+    .default('')
+    .transform((value) => value.split(',').map((part) => part.trim()).filter(Boolean))
+    .refine((paths) => paths.every((path) => path.startsWith('/')), 'must be absolute paths separated by commas'),
   /** SVC_SHUTDOWN_TIMEOUT_MS: how long SIGTERM waits for requests in flight. */
   shutdownTimeoutMs: z.coerce.number().int().min(0).default(10_000),
 });
@@ -74,8 +87,11 @@ const ENV: Record<ConfigKey, string> = {
   defaultAgent: 'SVC_DEFAULT_AGENT',
   rateLimitPerMinute: 'SVC_RATE_LIMIT_PER_MINUTE',
   rateLimitPerHour: 'SVC_RATE_LIMIT_PER_HOUR',
+  runnerRateLimitPerMinute: 'SVC_RUNNER_RATE_LIMIT_PER_MINUTE',
+  runnerRateLimitPerHour: 'SVC_RUNNER_RATE_LIMIT_PER_HOUR',
   dbPoolSize: 'SVC_DB_POOL_SIZE',
   shutdownTimeoutMs: 'SVC_SHUTDOWN_TIMEOUT_MS',
+  repoPaths: 'SVC_REPO_PATHS',
   executorConcurrency: 'SVC_EXECUTOR_CONCURRENCY',
   jobLeaseMs: 'SVC_JOB_LEASE_MS',
   allowUnsandboxed: 'SVC_ALLOW_UNSANDBOXED',

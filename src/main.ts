@@ -9,9 +9,11 @@ import * as admin from './engine/admin.js';
 import { openDatabase, type Database, type StoreLocation } from './store/db.js';
 import { pruneRateLimitBuckets } from './store/rate-limit.js';
 import { buildServer } from './server/app.js';
+import { Environments } from './engine/environments.js';
 import { Executor } from './engine/executor.js';
 import { ForkLifecycle } from './engine/fork-lifecycle.js';
 import { Scheduler } from './engine/scheduler.js';
+import { expireWorkspaceShells } from './engine/runners/workspace-shell.js';
 import { startDevServers } from './sandbox/dev-servers.js';
 import type { SandboxPolicy } from './sandbox/fork.js';
 import { hostname } from 'node:os';
@@ -34,6 +36,18 @@ export async function withStore<T>(config: Config, fn: (database: Database) => P
   } finally {
     await database.close();
   }
+}
+
+/** Like `withStore`, with the workspace environments too (operator commands that change them). */
+export async function withEnvironments<T>(config: Config, fn: (database: Database, environments: Environments) => Promise<T>): Promise<T> {
+  return withStore(config, async (database) => {
+    const environments = environmentsFor(config, database, pino({ level: 'warn' }, pino.destination(2)));
+    try {
+      return await fn(database, environments);
+    } finally {
+      await environments.close();
+    }
+  });
 }
 
 /** What every sandboxed process of this service may do (fork commands, environment setup). */
@@ -62,11 +76,23 @@ export function forkLifecycleFor(config: Config, database: Database, logger: Log
   });
 }
 
-/** The scheduler of this process, started: the fork lifecycle's moves (and, later, automations). */
-function startScheduler(config: Config, forks: ForkLifecycle, logger: Logger): Scheduler {
+/** The workspace environments of this data dir, as every part of one process shares them. */
+export function environmentsFor(config: Config, database: Database, logger: Logger): Environments {
+  return new Environments({ db: database.db, dataDir: config.dataDir, policy: sandboxPolicyOf(config), logger: logger.child({ component: 'environments' }) });
+}
+
+/**
+ * The scheduler of this process, started: the fork lifecycle's moves, environments catching up with
+ * merges and dropping versions no fork uses, forks of ended workspace shell grants (and, later, automations).
+ */
+function startScheduler(config: Config, database: Database, forks: ForkLifecycle, environments: Environments, logger: Logger): Scheduler {
   const scheduler = new Scheduler({
     tickMs: config.schedulerTickMs,
-    work: [{ name: 'fork-lifecycle', run: () => forks.tick() }],
+    work: [
+      { name: 'fork-lifecycle', run: () => forks.tick() },
+      { name: 'environments', run: () => environments.sweep() },
+      { name: 'workspace-shells', run: () => expireWorkspaceShells({ db: database.db, dataDir: config.dataDir }) },
+    ],
     logger: logger.child({ component: 'scheduler' }),
   });
   scheduler.start();
@@ -74,15 +100,15 @@ function startScheduler(config: Config, forks: ForkLifecycle, logger: Logger): S
 }
 
 /** Where people reach the service: SVC_PUBLIC_URL, or the address it listens on. */
-function publicUrlOf(config: Config, port: number = config.port): string {
+export function publicUrlOf(config: Config, port: number = config.port): string {
   return (config.publicUrl ?? `http://${config.host.includes(':') ? `[${config.host}]` : config.host}:${port}`).replace(/\/+$/, '');
 }
 
-function makeExecutor(config: Config, database: Database, forks: ForkLifecycle, publicUrl: string, logger: Logger): Executor | null {
+function makeExecutor(config: Config, database: Database, forks: ForkLifecycle, environments: Environments, publicUrl: string, logger: Logger): Executor | null {
   if (config.executorConcurrency === 0) return null;
   return new Executor({
     database,
-    dataDir: config.dataDir,
+    environments,
     publicUrl,
     forks,
     startDevServers,
@@ -98,18 +124,20 @@ function makeExecutor(config: Config, database: Database, forks: ForkLifecycle, 
 export async function startWorker(config: Config, logger: Logger = pino({ level: config.logLevel })): Promise<{ close(): Promise<void> }> {
   const database = await openDatabase(storeLocation(config));
   const forks = forkLifecycleFor(config, database, logger);
-  const executor = makeExecutor(config, database, forks, publicUrlOf(config), logger);
+  const environments = environmentsFor(config, database, logger);
+  const executor = makeExecutor(config, database, forks, environments, publicUrlOf(config), logger);
   if (!executor) {
     await database.close();
     throw new Error('SVC_EXECUTOR_CONCURRENCY is 0: a worker with no executors has nothing to do');
   }
   await executor.start();
-  const scheduler = startScheduler(config, forks, logger);
+  const scheduler = startScheduler(config, database, forks, environments, logger);
   return {
     async close() {
       try {
         await scheduler.stop();
         await executor.stop();
+        await environments.close();
       } finally {
         await database.close();
       }
@@ -120,6 +148,7 @@ export async function startWorker(config: Config, logger: Logger = pino({ level:
 export interface RunningService {
   app: FastifyInstance;
   database: Database;
+  environments: Environments;
   url: string;
   /** The key created when the database was new; printed once by `svc server`. */
   bootstrapKey: string | null;
@@ -134,21 +163,26 @@ export async function startService(config: Config, logger: Logger = pino({ level
   let scheduler: Scheduler | null = null;
   try {
     const created = await admin.bootstrap(database.db, config.defaultAgent);
+    const environments = environmentsFor(config, database, logger);
     app = await buildServer({
       database,
       publicUrl: publicUrlOf(config),
       dataDir: config.dataDir,
+      environments,
+      repoPaths: config.repoPaths,
+      runnerRateLimits: { perMinute: config.runnerRateLimitPerMinute, perHour: config.runnerRateLimitPerHour },
       rateLimits: { perMinute: config.rateLimitPerMinute, perHour: config.rateLimitPerHour },
       logger,
+      sandboxPolicy: sandboxPolicyOf(config),
     });
     await app.listen({ port: config.port, host: config.host });
     const address = app.server.address();
     const port = typeof address === 'object' && address ? address.port : config.port;
     const forks = forkLifecycleFor(config, database, logger);
-    executor = makeExecutor(config, database, forks, publicUrlOf(config, port), logger);
+    executor = makeExecutor(config, database, forks, environments, publicUrlOf(config, port), logger);
     await executor?.start();
     const runningExecutor = executor;
-    const runningScheduler = startScheduler(config, forks, logger);
+    const runningScheduler = startScheduler(config, database, forks, environments, logger);
     scheduler = runningScheduler;
     pruneTimer = setInterval(() => {
       pruneRateLimitBuckets(database.db).catch((error: unknown) => logger.warn({ err: error }, 'pruning rate limit buckets failed'));
@@ -158,6 +192,7 @@ export async function startService(config: Config, logger: Logger = pino({ level
     return {
       app: running,
       database,
+      environments,
       url: `http://${config.host.includes(':') ? `[${config.host}]` : config.host}:${port}`,
       bootstrapKey: created?.key ?? null,
       async close() {
@@ -166,6 +201,7 @@ export async function startService(config: Config, logger: Logger = pino({ level
           await runningScheduler.stop();
           await runningExecutor?.stop();
           await running.close();
+          await environments.close();
         } finally {
           await database.close();
         }

@@ -76,7 +76,7 @@ describe.each(testDrivers)('robustness on %s', (driver) => {
     expect((await engine.settled(first.id)).task.status).toBe('AWAITING_INPUT');
 
     const probes = [
-      `cat ${join(environment, '.svc/environment.json')}`,
+      `ls ${join(environment, 'layers')}`,
       `ls ${forksRoot}`,
       `ls ${engine.api.dataDir}`,
       'cat /workspace/vault/secret.txt',

@@ -2,6 +2,7 @@
 import { Command, CommanderError } from 'commander';
 import { registerAdmin } from './admin.js';
 import { fail } from './output.js';
+import { registerRunner } from './runner.js';
 import { registerServer } from './server.js';
 import { registerWorker } from './worker.js';
 
@@ -15,6 +16,7 @@ export function buildProgram(): Command {
   registerServer(program);
   registerWorker(program);
   registerAdmin(program);
+  registerRunner(program);
   return program;
 }
 

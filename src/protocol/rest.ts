@@ -123,6 +123,32 @@ export const AgentId = z
   .string()
   .describe('Complete `<provider>/<model>` id, e.g. `anthropic/claude-sonnet-4-5`; a provider alone is rejected');
 
+/** How much a local harness may do without asking its owner (docs/runner-protocol.md). */
+export const PermissionMode = z.enum(['full', 'auto', 'ask']).meta({ id: 'PermissionMode' });
+export type PermissionMode = z.infer<typeof PermissionMode>;
+/** A local harness's own mode: its plan mode, or its default. */
+export const NativeMode = z.enum(['plan', 'default']).meta({ id: 'NativeMode' });
+export type NativeMode = z.infer<typeof NativeMode>;
+
+export const MessageMetadata = z
+  .object({
+    nativeMode: NativeMode.optional().describe("Local tasks: the harness mode for this turn, overriding the task's"),
+    inputContext: z.string().max(200_000).optional().describe('Reaches the prompt, not the chat (a handoff brief)'),
+  })
+  .meta({ id: 'MessageMetadata' });
+export type MessageMetadata = z.infer<typeof MessageMetadata>;
+
+/** Where a local task runs: a desktop runner of the signed-in user and one of its projects. */
+export const LocalTarget = z
+  .object({
+    runnerId: z.uuid(),
+    projectId: z.uuid(),
+    permissionMode: PermissionMode.default('ask'),
+    nativeMode: NativeMode.optional(),
+  })
+  .meta({ id: 'LocalTarget' });
+export type LocalTarget = z.infer<typeof LocalTarget>;
+
 export const CreateTaskBody = z
   .object({
     command: z.string().describe('The prompt; may start with `/trigger` to select a routing config'),
@@ -131,6 +157,7 @@ export const CreateTaskBody = z
     effort: Effort.optional(),
     title: z.string().trim().min(1).max(200).optional(),
     files: Files.optional(),
+    local: LocalTarget.optional().describe('Run it on a desktop runner of the signed-in user (sessions only; docs/runner-protocol.md)'),
   })
   .meta({ id: 'CreateTaskBody' });
 export type CreateTaskBody = z.infer<typeof CreateTaskBody>;
@@ -187,6 +214,7 @@ export const SendMessageBody = z
     message: z.string().describe('The follow-up text: an answer, a change request or a redirection'),
     userIntent: z.enum(['PLAN', 'SWE', 'ASK', 'DEV_ENVIRONMENT']).optional().describe('Switches the run type'),
     files: Files.optional(),
+    metadata: MessageMetadata.optional(),
   })
   .meta({ id: 'SendMessageBody' });
 export type SendMessageBody = z.infer<typeof SendMessageBody>;
@@ -255,6 +283,38 @@ export type Repository = z.infer<typeof Repository>;
 export const ListRepositoriesResponse = z
   .object({ repositories: z.array(Repository) })
   .meta({ id: 'ListRepositoriesResponse', description: 'The repositories connected to the workspace' });
+
+export const ConnectRepositoryBody = z
+  .object({
+    source: z
+      .string()
+      .trim()
+      .min(1)
+      .max(2048)
+      .describe(
+        'A git URL (`https://`, `http://`, `ssh://`, `git://` or `user@host:owner/repo`) or, where the operator allows it ' +
+          '(SVC_REPO_PATHS), an absolute path of a repository on the server',
+      ),
+    name: z.string().optional().describe('`owner/repo`; derived from a URL, or `local/<directory>` for a path, when absent'),
+    setup: z.boolean().default(true).describe("Run the setup commands detected for it now (the request waits for them)"),
+  })
+  .meta({ id: 'ConnectRepositoryBody' });
+export type ConnectRepositoryBody = z.infer<typeof ConnectRepositoryBody>;
+
+export const SetupResult = z
+  .object({
+    repository: z.string(),
+    command: z.string(),
+    passed: z.boolean(),
+    exitCode: z.number().int().nullable(),
+    outputTail: z.string().describe('The last lines of its output'),
+  })
+  .meta({ id: 'SetupResult' });
+export type SetupResult = z.infer<typeof SetupResult>;
+
+export const ConnectRepositoryResponse = z
+  .object({ repository: Repository, setup: z.array(SetupResult).describe('Each setup command run, in order; empty when none ran') })
+  .meta({ id: 'ConnectRepositoryResponse', description: 'The connected repository and its setup' });
 
 export const CheckProof = z
   .object({

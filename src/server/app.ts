@@ -1,6 +1,7 @@
 /**
  * The HTTP edge: Fastify with zod validation, the error envelope, request ids, health checks, the
- * OpenAPI document and the /api/v1 routes behind bearer authentication and the rate limit.
+ * OpenAPI document, the browser's sign-in link and the /api/v1 routes behind authentication (an API key
+ * or a session cookie) and the rate limit.
  */
 import { randomUUID } from 'node:crypto';
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance } from 'fastify';
@@ -15,7 +16,11 @@ import {
 import { z } from 'zod';
 import type { Database } from '../store/db.js';
 import type { RateLimits } from '../store/rate-limit.js';
-import { makeAuthenticator } from './auth.js';
+import { dummyHash } from '../domain/passwords.js';
+import { SESSION_TTL_MS } from '../engine/users.js';
+import { makeAuthenticator, SESSION_COOKIE, type SessionSettings } from './auth.js';
+import { browserSignInRoute, sessionRoutes, SIGN_IN_OPERATIONS, signInRoutes } from './rest/auth.js';
+import { memberRoutes } from './rest/members.js';
 import { installErrorHandling, sendError, toAppError } from './errors.js';
 import { EventHub } from './event-hub.js';
 import { logRoutes } from './rest/logs.js';
@@ -23,9 +28,19 @@ import { routingRoutes } from './rest/routing.js';
 import { BODY_LIMIT_BYTES, edgeErrorResponses } from './rest/responses.js';
 import { taskRoutes } from './rest/tasks.js';
 import { pullRequestRoutes } from './rest/pull-requests.js';
+import { runnerRoutes } from './runners/index.js';
+import { localWorkRoutes } from './rest/local.js';
+import { pairRunnerPage } from './runners/pair-page.js';
+import { runnerUserRoutes } from './rest/runners.js';
 import { AppError, ValidationError } from '../domain/errors.js';
+import { Environments } from '../engine/environments.js';
+import type { SandboxPolicy } from '../sandbox/fork.js';
+import { workspaceShellRoutes } from './rest/workspace-shell.js';
+import pino from 'pino';
 
 export const API_PREFIX = '/api/v1';
+/** A runner long-polls and uploads far more often than a script calls the API. */
+export const DEFAULT_RUNNER_RATE_LIMITS: RateLimits = { perMinute: 1_200, perHour: 36_000 };
 export const API_VERSION = '1.0.0';
 
 export interface ServerOptions {
@@ -34,8 +49,16 @@ export interface ServerOptions {
   /** Holds the code host's repositories and the workspace environments. */
   dataDir: string;
   rateLimits: RateLimits;
+  /** The workspace environments (merges bring them up to date); made from `dataDir` when absent (tests). */
+  environments?: Environments;
+  /** Roots under which `POST /api/v1/repos` accepts paths on the server (SVC_REPO_PATHS); none by default. */
+  repoPaths?: readonly string[];
+  /** Per runner connection (SVC_RUNNER_RATE_LIMIT_PER_MINUTE, …_PER_HOUR). */
+  runnerRateLimits?: RateLimits;
   /** A pino logger; without one the server logs nothing (tests). */
   logger?: FastifyBaseLogger;
+  /** What sandboxed processes may see and use (workspace shells); the data dir hidden, nothing unsandboxed, when absent. */
+  sandboxPolicy?: SandboxPolicy;
 }
 
 const REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/;
@@ -43,7 +66,7 @@ const REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/;
 const MAX_PARAM_LENGTH = 200;
 
 type Json = Record<string, unknown>;
-type Operation = { requestBody?: Json & { content?: Record<string, { schema?: Json }> }; responses?: Record<string, Json & { content?: Record<string, { schema?: Json }> }> };
+type Operation = { operationId?: string; requestBody?: Json & { content?: Record<string, { schema?: Json }> }; responses?: Record<string, Json & { content?: Record<string, { schema?: Json }> }> };
 
 const isObject = (value: unknown): value is Json => typeof value === 'object' && value !== null && !Array.isArray(value);
 
@@ -88,10 +111,17 @@ function documentResponses(document: Json): void {
       schema: { type: 'string' },
     },
     RetryAfter: {
-      description: 'Seconds to wait before the key is below its limit again',
+      description: 'Seconds to wait before the key (or user, or email) is below its limit again',
       schema: { type: 'integer', minimum: 1 },
     },
+    SetSessionCookie: {
+      description:
+        `The session cookie: \`${SESSION_COOKIE}=<token>; Path=/; Max-Age=<lifetime in seconds>; HttpOnly; SameSite=Lax\`, ` +
+        'and `Secure` when the public URL is https; on sign-out the same cookie with `Max-Age=0`',
+      schema: { type: 'string' },
+    },
   };
+  const setsCookie = new Set<string>([...SIGN_IN_OPERATIONS, 'signOut']);
   const schemas = isObject(components.schemas) ? components.schemas : {};
   for (const operation of operationsOf(document)) {
     for (const [status, response] of Object.entries(operation.responses ?? {})) {
@@ -111,6 +141,7 @@ function documentResponses(document: Json): void {
         ...(response.headers as Json | undefined),
         'X-Request-Id': { $ref: '#/components/headers/RequestId' },
         ...(status === '429' ? { 'Retry-After': { $ref: '#/components/headers/RetryAfter' } } : {}),
+        ...(status.startsWith('2') && setsCookie.has(operation.operationId ?? '') ? { 'Set-Cookie': { $ref: '#/components/headers/SetSessionCookie' } } : {}),
       };
     }
   }
@@ -279,6 +310,10 @@ export async function buildServer(options: ServerOptions): Promise<FastifyInstan
     reply.header('x-request-id', request.id);
   });
   app.decorateRequest('caller', null);
+  app.decorateRequest('session', null);
+  const sessions: SessionSettings = { publicUrl: options.publicUrl, ttlMs: SESSION_TTL_MS };
+  // The hash unknown emails are checked against, made now so that the first such sign-in is not slower.
+  dummyHash().catch((error: unknown) => app.log.error({ err: error }, 'hashing the dummy password failed'));
 
   await app.register(fastifySwagger, {
     openapi: {
@@ -287,19 +322,49 @@ export async function buildServer(options: ServerOptions): Promise<FastifyInstan
         title: 'svc REST API',
         version: API_VERSION,
         description:
-          'Task delegation service for coding agents. Every /api/v1 path needs `Authorization: Bearer service_…`. ' +
+          'Task delegation service for coding agents. Every /api/v1 path but sign-in needs a workspace API key ' +
+          '(`Authorization: Bearer service_…`) or the session cookie of a signed-in user. ' +
           'Errors use the envelope `{ error: { code, message, details? } }`. Limits: 100 requests per minute and ' +
-          '1,000 per hour per key.',
+          '1,000 per hour per key or user.',
       },
       servers: [{ url: options.publicUrl }],
       components: {
         securitySchemes: {
-          bearerAuth: { type: 'http', scheme: 'bearer', description: 'A workspace API key (`service_…`)' },
+          bearerAuth: { type: 'http', scheme: 'bearer', description: 'A workspace API key (`service_…`); with it, cookies are ignored' },
+          sessionCookie: {
+            type: 'apiKey',
+            in: 'cookie',
+            name: SESSION_COOKIE,
+            description:
+              'The session of a signed-in user (`POST /api/v1/auth/sign-in` or a one-time sign-in link). It acts in the workspace ' +
+              'whose id is in `X-Svc-Workspace` (one the user is a member of, else 403), by default the personal workspace. ' +
+              'POST, PUT, PATCH and DELETE also need `X-CSRF-Token` (the `csrfToken` of the session) and, when sent, an `Origin` ' +
+              'equal to the public URL\'s (else 403).',
+          },
+          runnerCredential: {
+            type: 'http',
+            scheme: 'bearer',
+            description:
+              'A desktop runner connection\'s own credential (`service_runner_…`), made by the runner and registered at enrollment ' +
+              '(docs/runner-protocol.md). Workspace API keys and sessions are not runner credentials.',
+          },
+          workspaceShellToken: {
+            type: 'http',
+            scheme: 'bearer',
+            description:
+              'A temporary workspace shell token (`service_ssh_…`, valid 60 minutes) that a local run obtained with ' +
+              '`POST /api/v1/runners/runs/{runId}/workspace-ssh`; it works on `POST /api/v1/workspace-shell` only.',
+          },
         },
       },
       tags: [
         { name: 'tasks', description: 'Tasks, their jobs and follow-ups' },
         { name: 'routing', description: 'Routing configs selected by a leading `/trigger`' },
+        { name: 'auth', description: 'Signing in and out, the session and the password of a signed-in user' },
+        { name: 'members', description: 'The people of a workspace' },
+        { name: 'local work', description: "The owner's side of tasks run by a desktop runner: what they ask, the answers, files" },
+        { name: 'runners', description: 'The local runner protocol: what a desktop runner calls (docs/runner-protocol.md)' },
+        { name: 'workspace shell', description: 'Commands in a cloud workspace with a temporary shell token (docs/runner-protocol.md)' },
       ],
     },
     transform: jsonSchemaTransform,
@@ -317,6 +382,13 @@ export async function buildServer(options: ServerOptions): Promise<FastifyInstan
     }
   });
 
+  const authDeps = { db: options.database.db, settings: sessions };
+  const environments =
+    options.environments ??
+    new Environments({ db: options.database.db, dataDir: options.dataDir, policy: { hiddenPaths: [options.dataDir], allowUnsandboxed: false }, logger: pino({ enabled: false }) });
+  await app.register(browserSignInRoute, authDeps);
+  await app.register(pairRunnerPage, { ...authDeps, rateLimits: options.rateLimits });
+
   await app.register(
     async (api) => {
       api.get(
@@ -324,14 +396,31 @@ export async function buildServer(options: ServerOptions): Promise<FastifyInstan
         { schema: { hide: true, response: { 200: z.any() } } },
         async () => app.swagger(),
       );
+      await api.register(signInRoutes, authDeps);
+      await api.register(runnerRoutes, {
+        prefix: '/runners',
+        database: options.database,
+        publicUrl: options.publicUrl,
+        rateLimits: options.runnerRateLimits ?? DEFAULT_RUNNER_RATE_LIMITS,
+        environments,
+      });
+      // Outside `secured`: its only credential is the shell token.
+      await api.register(workspaceShellRoutes, {
+        db: options.database.db,
+        environments,
+        dataDir: options.dataDir,
+        policy: options.sandboxPolicy ?? { hiddenPaths: [options.dataDir], allowUnsandboxed: false },
+        rateLimits: options.rateLimits,
+      });
       await api.register(async (secured) => {
-        const authenticate = makeAuthenticator(options.database.db, options.rateLimits);
+        const authenticate = makeAuthenticator(options.database.db, options.rateLimits, sessions);
         secured.addHook('onRequest', authenticate);
-        // Every authenticated route documents the bearer scheme and the errors the edge itself can answer.
+        // Every authenticated route documents its schemes (both, unless it names its own) and the errors
+        // the edge itself can answer.
         secured.addHook('onRoute', (route) => {
           route.schema = {
             ...route.schema,
-            security: [{ bearerAuth: [] }],
+            security: route.schema?.security ?? [{ bearerAuth: [] }, { sessionCookie: [] }],
             response: { ...edgeErrorResponses(route.method), ...(route.schema?.response as object | undefined) },
           };
         });
@@ -339,7 +428,11 @@ export async function buildServer(options: ServerOptions): Promise<FastifyInstan
         await secured.register(taskRoutes, deps);
         await secured.register(routingRoutes, deps);
         await secured.register(logRoutes, { db: options.database.db, hub });
-        await secured.register(pullRequestRoutes, { db: options.database.db, dataDir: options.dataDir });
+        await secured.register(pullRequestRoutes, { db: options.database.db, environments, logger: app.log, repoPaths: options.repoPaths ?? [] });
+        await secured.register(sessionRoutes, authDeps);
+        await secured.register(memberRoutes, deps);
+        await secured.register(runnerUserRoutes, deps);
+        await secured.register(localWorkRoutes, { db: options.database.db });
       });
     },
     { prefix: API_PREFIX },

@@ -17,8 +17,27 @@ export interface TaskView {
   latestJob: JobRow | null;
 }
 
-function byIdOrSlug(workspaceId: string, idOrSlug: string) {
-  return and(eq(tasks.workspaceId, workspaceId), isUuid(idOrSlug) ? eq(tasks.id, idOrSlug.toLowerCase()) : eq(tasks.slug, idOrSlug));
+/**
+ * Who reads tasks: a workspace, and the signed-in user if there is one. Local tasks (run by a desktop
+ * runner) are their runner's owner's alone: a workspace API key (no user) never sees one, nor does
+ * another member of the workspace.
+ */
+export interface TaskScope {
+  workspaceId: string;
+  userId: string | null;
+}
+
+/** The visibility rule above as a condition; `userId` may be a placeholder of a prepared statement. */
+function visibleTo(userId: string | null | ReturnType<typeof sql.placeholder>) {
+  return sql`(${tasks.runnerId} is null or exists (select 1 from runners r where r.id = ${tasks.runnerId} and r.user_id = ${userId}::uuid))`;
+}
+
+function byIdOrSlug(scope: TaskScope, idOrSlug: string) {
+  return and(
+    eq(tasks.workspaceId, scope.workspaceId),
+    isUuid(idOrSlug) ? eq(tasks.id, idOrSlug.toLowerCase()) : eq(tasks.slug, idOrSlug),
+    visibleTo(scope.userId),
+  );
 }
 
 const taskViewRelations = {
@@ -33,15 +52,15 @@ function toView(row: (TaskRow & { jobs: JobRow[]; pullRequests: PullRequestRow[]
 }
 
 /** The task with its pull requests and latest job, in one query (also inside a transaction). */
-export async function findTaskView(db: Db, workspaceId: string, idOrSlug: string): Promise<TaskView | null> {
-  return toView(await db.query.tasks.findFirst({ where: byIdOrSlug(workspaceId, idOrSlug), with: taskViewRelations }));
+export async function findTaskView(db: Db, scope: TaskScope, idOrSlug: string): Promise<TaskView | null> {
+  return toView(await db.query.tasks.findFirst({ where: byIdOrSlug(scope, idOrSlug), with: taskViewRelations }));
 }
 
 function prepareTaskView(db: Db, by: 'id' | 'slug') {
   const key = by === 'id' ? tasks.id : tasks.slug;
   return db.query.tasks
     .findFirst({
-      where: and(eq(tasks.workspaceId, sql.placeholder('workspaceId')), eq(key, sql.placeholder('key'))),
+      where: and(eq(tasks.workspaceId, sql.placeholder('workspaceId')), eq(key, sql.placeholder('key')), visibleTo(sql.placeholder('userId'))),
       with: taskViewRelations,
     })
     .prepare(`svc_task_view_by_${by}`);
@@ -53,20 +72,20 @@ const preparedTaskViews = new WeakMap<Db, Record<'id' | 'slug', ReturnType<typeo
  * findTaskView as a prepared statement, planned once per connection: for the read path of every
  * request that names a task. Not for use inside a transaction.
  */
-export async function readTaskView(db: Db, workspaceId: string, idOrSlug: string): Promise<TaskView | null> {
+export async function readTaskView(db: Db, scope: TaskScope, idOrSlug: string): Promise<TaskView | null> {
   let prepared = preparedTaskViews.get(db);
   if (!prepared) {
     prepared = { id: prepareTaskView(db, 'id'), slug: prepareTaskView(db, 'slug') };
     preparedTaskViews.set(db, prepared);
   }
   const uuid = isUuid(idOrSlug);
-  const row = await prepared[uuid ? 'id' : 'slug'].execute({ workspaceId, key: uuid ? idOrSlug.toLowerCase() : idOrSlug });
+  const row = await prepared[uuid ? 'id' : 'slug'].execute({ workspaceId: scope.workspaceId, userId: scope.userId, key: uuid ? idOrSlug.toLowerCase() : idOrSlug });
   return toView(row as Parameters<typeof toView>[0]);
 }
 
 /** Locks the task row for the rest of the transaction; actions on one task serialise on it. */
-export async function lockTask(tx: Db, workspaceId: string, idOrSlug: string): Promise<TaskRow | null> {
-  const [row] = await tx.select().from(tasks).where(byIdOrSlug(workspaceId, idOrSlug)).for('update');
+export async function lockTask(tx: Db, scope: TaskScope, idOrSlug: string): Promise<TaskRow | null> {
+  const [row] = await tx.select().from(tasks).where(byIdOrSlug(scope, idOrSlug)).for('update');
   return row ?? null;
 }
 
@@ -84,8 +103,8 @@ export interface TaskListRow {
 }
 
 /** Newest first, keyset-paginated on `seq`; fetches one row more than asked to tell whether more exist. */
-export async function listTasks(db: Db, workspaceId: string, filter: TaskListFilter): Promise<{ rows: TaskListRow[]; hasMore: boolean }> {
-  const conditions = [eq(tasks.workspaceId, workspaceId)];
+export async function listTasks(db: Db, scope: TaskScope, filter: TaskListFilter): Promise<{ rows: TaskListRow[]; hasMore: boolean }> {
+  const conditions = [eq(tasks.workspaceId, scope.workspaceId), visibleTo(scope.userId)];
   if (filter.beforeSeq !== null) conditions.push(lt(tasks.seq, filter.beforeSeq));
   if (filter.statuses) conditions.push(inArray(tasks.status, filter.statuses));
   if (filter.archived === 'exclude') conditions.push(isNull(tasks.archivedAt));
@@ -125,11 +144,18 @@ export async function insertTask(tx: Db, values: NewTask, makeSlug: () => string
 
 export async function insertMessage(
   tx: Db,
-  input: { taskId: string; role: 'user' | 'agent'; body: string; userIntent?: string | null; files?: readonly ParsedFile[] },
+  input: {
+    taskId: string;
+    role: 'user' | 'agent';
+    body: string;
+    userIntent?: string | null;
+    files?: readonly ParsedFile[];
+    metadata?: (typeof messages.$inferInsert)['metadata'];
+  },
 ): Promise<typeof messages.$inferSelect> {
   const [message] = await tx
     .insert(messages)
-    .values({ taskId: input.taskId, role: input.role, body: input.body, userIntent: input.userIntent ?? null })
+    .values({ taskId: input.taskId, role: input.role, body: input.body, userIntent: input.userIntent ?? null, metadata: input.metadata ?? null })
     .returning();
   if (!message) throw new Error('insert returned no row');
   const files = input.files ?? [];

@@ -3,6 +3,7 @@
  * security and answers, every answer the server gives on the probes below one the document describes,
  * and the committed document and generated types equal to what the server publishes.
  */
+import { randomBytes } from 'node:crypto';
 import { subscribe, unsubscribe } from 'node:diagnostics_channel';
 import { readFileSync } from 'node:fs';
 import SwaggerParser from '@apidevtools/swagger-parser';
@@ -19,8 +20,16 @@ import {
   TYPES_PATH,
   type Json,
 } from '../../scripts/openapi.js';
+import { challengeOf } from '../../src/domain/runners.js';
+import { createPairing, enroll } from '../../src/engine/runners/enrollment.js';
+import { findOrCreateAccount } from '../../src/engine/users.js';
+import { hashShellToken } from '../../src/engine/runners/workspace-shell.js';
 import { FILE_LIMITS } from '../../src/protocol/rest.js';
-import { startTestApi, type TestApi } from '../support/api.js';
+import { SSH_TOKEN_PREFIX } from '../../src/protocol/runner.js';
+import { workspaceSshGrants } from '../../src/store/schema.js';
+import { addMembership } from '../../src/store/users.js';
+import { buildServer } from '../../src/server/app.js';
+import { DEFAULT_AGENT, startTestApi, TEST_PUBLIC_URL, type TestApi } from '../support/api.js';
 
 type Schema = { $ref?: string; allOf?: Schema[] };
 type Parameter = { in: string; name: string; required?: boolean };
@@ -34,6 +43,60 @@ type Document = Json & {
 };
 
 const ENVELOPE = '#/components/schemas/ErrorEnvelope';
+/** The routes that need no credential (signing in, enrolling a runner), and those only a signed-in user may use. */
+const PUBLIC = new Set(['POST /api/v1/auth/sign-in', 'POST /api/v1/auth/sign-in-link', 'POST /api/v1/runners/enroll']);
+const SESSION_ONLY = new Set([
+  'GET /api/v1/auth/session',
+  'POST /api/v1/auth/sign-out',
+  'POST /api/v1/auth/password',
+  // The user's side of desktop runners: a workspace API key may not pair, list or revoke them.
+  'POST /api/v1/runner-pairings',
+  'GET /api/v1/runners',
+  'POST /api/v1/runners/{id}/revoke',
+  // The owner's side of local work: only the runner's owner, signed in.
+  'GET /api/v1/tasks/{taskIdOrSlug}/requests',
+  'POST /api/v1/tasks/{taskIdOrSlug}/permissions/{requestId}',
+  'POST /api/v1/tasks/{taskIdOrSlug}/questions/{requestId}',
+  'POST /api/v1/tasks/{taskIdOrSlug}/review-requests',
+  'GET /api/v1/tasks/{taskIdOrSlug}/review-requests/{id}',
+]);
+/** Everything else under /api/v1/runners/ is the runner protocol, behind the runner's own credential. */
+const RUNNER_ROUTE = /^\w+ \/api\/v1\/runners\//;
+/** The workspace shell takes nothing but a temporary shell token. */
+const SHELL_ROUTE = 'POST /api/v1/workspace-shell';
+const securityOf = (name: string) =>
+  PUBLIC.has(name)
+    ? []
+    : SESSION_ONLY.has(name)
+      ? [{ sessionCookie: [] }]
+      : name === SHELL_ROUTE
+        ? [{ workspaceShellToken: [] }]
+        : RUNNER_ROUTE.test(name)
+          ? [{ runnerCredential: [] }]
+          : [{ bearerAuth: [] }, { sessionCookie: [] }];
+const isRunnerRoute = (name: string) => securityOf(name).some((scheme) => 'runnerCredential' in scheme);
+
+/** A runner connection's credential, enrolled through the engine as `svc runner pair` would. */
+async function runnerCredentialOf(api: TestApi): Promise<string> {
+  const db = api.db.database.db;
+  const email = `probe-${randomBytes(4).toString('hex')}@example.com`;
+  const { user } = await db.transaction((tx) => findOrCreateAccount(tx, { email, defaultAgent: DEFAULT_AGENT }));
+  const verifier = randomBytes(32).toString('base64url');
+  const { pairingCode } = await createPairing(db, { userId: user.id, challenge: challengeOf(verifier) });
+  const credential = `service_runner_${randomBytes(32).toString('base64url')}`;
+  await enroll(db, { pairingCode, verifier, credential, name: 'probe' });
+  return credential;
+}
+/** A workspace shell token for the tenant's workspace, granted as a local run of one of its members would get it. */
+async function shellTokenOf(api: TestApi, workspaceId: string): Promise<string> {
+  const db = api.db.database.db;
+  const { user } = await db.transaction((tx) => findOrCreateAccount(tx, { email: `shell-${randomBytes(4).toString('hex')}@example.com`, defaultAgent: DEFAULT_AGENT }));
+  await addMembership(db, { workspaceId, userId: user.id, role: 'member' });
+  const token = `${SSH_TOKEN_PREFIX}${randomBytes(32).toString('base64url')}`;
+  await db.insert(workspaceSshGrants).values({ tokenHash: hashShellToken(token), userId: user.id, workspaceId, expiresAt: new Date(Date.now() + 60 * 60_000) });
+  return token;
+}
+
 /** The component a schema points at, directly or through a described `allOf` wrapper. */
 const refOf = (schema: Schema | undefined): string | undefined => schema?.$ref ?? schema?.allOf?.[0]?.$ref;
 const keysOf = (zodObject: unknown): string[] => Object.keys((zodObject as { shape?: object } | undefined)?.shape ?? {}).sort();
@@ -74,11 +137,16 @@ describe('the OpenAPI document', () => {
     await api?.close();
   });
 
-  it('is served without a key as valid OpenAPI 3.0.3, API version 1.0.0, with a bearer scheme', async () => {
+  it('is served without a key as valid OpenAPI 3.0.3, API version 1.0.0, with a bearer scheme and a session cookie', async () => {
     expect(document.openapi).toBe('3.0.3');
     expect(document.info.version).toBe('1.0.0');
     await expect(SwaggerParser.validate(structuredClone(document) as never)).resolves.toBeTruthy();
-    expect(document.components.securitySchemes).toEqual({ bearerAuth: expect.objectContaining({ type: 'http', scheme: 'bearer' }) });
+    expect(document.components.securitySchemes).toEqual({
+      bearerAuth: expect.objectContaining({ type: 'http', scheme: 'bearer' }),
+      sessionCookie: expect.objectContaining({ type: 'apiKey', in: 'cookie', name: 'svc_session' }),
+      runnerCredential: expect.objectContaining({ type: 'http', scheme: 'bearer' }),
+      workspaceShellToken: expect.objectContaining({ type: 'http', scheme: 'bearer' }),
+    });
     const withBadKey = await api.app.inject({ method: 'GET', url: '/api/v1/openapi.json', headers: { authorization: 'Bearer nonsense' } });
     expect(withBadKey.statusCode).toBe(200);
     expect(withBadKey.json()).toEqual(document);
@@ -137,7 +205,7 @@ describe('the OpenAPI document', () => {
     expect(answerProblems(document, answer)).toEqual([expect.stringContaining('status not documented')]);
   });
 
-  it('documents every route the server registers under /api/v1, with its inputs, bearer security and every answer', () => {
+  it('documents every route the server registers under /api/v1, with its inputs, security and every answer', () => {
     const registered = routes
       .flatMap((route) => (Array.isArray(route.method) ? route.method : [route.method]).map((method) => ({ method: method.toUpperCase(), route })))
       .filter(({ method, route }) => method !== 'HEAD' && route.url.startsWith('/api/v1/') && route.url !== '/api/v1/openapi.json');
@@ -150,7 +218,7 @@ describe('the OpenAPI document', () => {
       const [, path] = name.split(' ') as [string, string];
       const schema = entry.route.schema ?? {};
       const operation = document.paths[path]![entry.method.toLowerCase()]!;
-      expect(operation.security, name).toEqual([{ bearerAuth: [] }]);
+      expect(operation.security, name).toEqual(securityOf(name));
 
       // Inputs: the path, query and header parameters and the body of the route's own zod schemas.
       const parameters = (place: string) => (operation.parameters ?? []).filter((parameter) => parameter.in === place);
@@ -202,7 +270,23 @@ describe('the OpenAPI document', () => {
     const slug: string = created.json().task.slug;
     const tooLarge = Buffer.alloc(FILE_LIMITS.bodyLimitBytes + 1, 0x20);
     // A body every route with one takes (each ignores the fields it does not know).
-    const anyBody = JSON.stringify({ command: 'Probe', message: 'Probe', mode: 'ask', agent: 'openai/gpt-5', effort: 'low' });
+    const anyBody = JSON.stringify({
+      command: 'Probe',
+      message: 'Probe',
+      mode: 'ask',
+      agent: 'openai/gpt-5',
+      effort: 'low',
+      email: 'probe@example.com',
+      password: 'not the password',
+      token: 'not-a-link',
+      pairingCode: 'ACDE-FGHK',
+      verifier: 'v'.repeat(43),
+      credential: `service_runner_${'c'.repeat(43)}`,
+      name: 'Probe',
+    });
+    // Runner routes take the runner's own credential: with a key they would answer nothing but 401.
+    const runnerHeaders = { authorization: `Bearer ${await runnerCredentialOf(api)}` };
+    const shellHeaders = { authorization: `Bearer ${await shellTokenOf(api, tenant.workspace.id)}` };
     const problems: string[] = [];
     const seen = new Map<string, Set<number>>();
 
@@ -216,17 +300,18 @@ describe('the OpenAPI document', () => {
         seen.get(name)!.add(response.statusCode);
         problems.push(...answerProblems(document, { method, path, status: response.statusCode, headers: toHeaders(response), body: response.body }));
       };
-      const json = { 'content-type': 'application/json', ...tenant.headers };
+      const credential = isRunnerRoute(name) ? runnerHeaders : name === SHELL_ROUTE ? shellHeaders : tenant.headers;
+      const json = { 'content-type': 'application/json', ...credential };
       await probe({ url: url(slug) });
       await probe({ url: url(slug), headers: { authorization: `Bearer service_${'x'.repeat(43)}` } });
       await probe({ url: url('no-such-task-aaaaaa'), headers: json, ...(takesBody ? { payload: anyBody } : {}) });
       await probe({ url: url('x'.repeat(201)), headers: json, ...(takesBody ? { payload: '{}' } : {}) });
       await probe({ url: url('x'.repeat(300)), headers: json, ...(takesBody ? { payload: '{}' } : {}) });
       await probe({ url: url('%E0%A4%A'), headers: json, ...(takesBody ? { payload: '{}' } : {}) });
-      await probe({ url: url(slug, '?limit=0&archived=never&follow=maybe'), headers: tenant.headers });
-      await probe({ url: url(slug, '?probe=%00'), headers: tenant.headers });
+      await probe({ url: url(slug, '?limit=0&archived=never&follow=maybe'), headers: credential });
+      await probe({ url: url(slug, '?probe=%00'), headers: credential });
       if (takesBody) {
-        await probe({ url: url(slug), headers: { ...tenant.headers, 'content-type': 'text/plain' }, payload: 'hello' });
+        await probe({ url: url(slug), headers: { ...credential, 'content-type': 'text/plain' }, payload: 'hello' });
         await probe({ url: url(slug), headers: json, payload: '{"unterminated' });
         await probe({ url: url(slug), headers: json, payload: tooLarge });
       }
@@ -236,26 +321,50 @@ describe('the OpenAPI document', () => {
     // The probes reached the answers they aim at.
     for (const [name, statuses] of seen) {
       expect([...statuses], name).toContain(401);
-      if (name.includes('{taskIdOrSlug}')) expect([...statuses], name).toEqual(expect.arrayContaining([400, 404]));
+      // A session-only route refuses the key's probes with 403 before it looks for the task.
+      // (or refuses its body first).
+      if (name.includes('{taskIdOrSlug}')) expect([...statuses], name).toEqual(expect.arrayContaining(SESSION_ONLY.has(name) ? [400] : [400, 404]));
       // Every route with path, query or body input refuses a bad one (GET /routing-configs has none).
-      if (name !== 'GET /api/v1/routing-configs') expect([...statuses], name).toContain(400);
+      const [method, path] = name.split(' ') as [string, string];
+      const operation = document.paths[path]![method.toLowerCase()]!;
+      if ((operation.parameters ?? []).length > 0 || operation.requestBody) expect([...statuses], name).toContain(400);
       if (/^(POST|PUT|DELETE) /.test(name)) expect([...statuses], name).toEqual(expect.arrayContaining([400, 413, 415]));
     }
   });
 
   it('answers 429 with Retry-After, as documented, on every route', async () => {
     const limited = await startTestApi('pglite', { rateLimits: { perMinute: 1, perHour: 100 } });
+    // Runner connections have limits of their own.
+    const runnerLimited = await buildServer({
+      database: limited.db.database,
+      publicUrl: TEST_PUBLIC_URL,
+      dataDir: limited.dataDir,
+      environments: limited.environments,
+      rateLimits: { perMinute: 1, perHour: 100 },
+      runnerRateLimits: { perMinute: 1, perHour: 100 },
+    });
     try {
       const tenant = await limited.newTenant();
       expect((await tenant.request('GET', '/api/v1/routing-configs')).statusCode).toBe(200);
+      const runnerHeaders = { authorization: `Bearer ${await runnerCredentialOf(limited)}` };
+      expect((await runnerLimited.inject({ method: 'GET', url: '/api/v1/runners/identity', headers: runnerHeaders })).statusCode).toBe(200);
+      const shellHeaders = { authorization: `Bearer ${await shellTokenOf(limited, tenant.workspace.id)}` };
+      expect((await limited.app.inject({ method: 'POST', url: '/api/v1/workspace-shell', headers: shellHeaders, payload: {} })).statusCode).toBe(400);
       const problems: string[] = [];
-      for (const { path, method } of operations()) {
-        const response = await tenant.request(method as 'GET', path.replace(/\{\w+\}/g, 'any-task-aaaaaa'));
+      // Signing in and enrolling need no key, so no key's limit applies there.
+      for (const { path, method } of operations().filter(({ path, method }) => !PUBLIC.has(`${method} ${path}`))) {
+        const url = path.replace(/\{\w+\}/g, 'any-task-aaaaaa');
+        const response = isRunnerRoute(`${method} ${path}`)
+          ? await runnerLimited.inject({ method: method as 'GET', url, headers: runnerHeaders })
+          : `${method} ${path}` === SHELL_ROUTE
+            ? await limited.app.inject({ method: 'POST', url, headers: shellHeaders })
+            : await tenant.request(method as 'GET', url);
         expect(response.statusCode, `${method} ${path}`).toBe(429);
         problems.push(...answerProblems(document, { method, path, status: 429, headers: toHeaders(response), body: response.body }));
       }
       expect(problems).toEqual([]);
     } finally {
+      await runnerLimited.close();
       await limited.close();
     }
   });

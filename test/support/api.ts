@@ -6,6 +6,9 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { FastifyInstance, InjectOptions, LightMyRequestResponse } from 'fastify';
 import { afterAll, beforeAll } from 'vitest';
+import type { Socket } from 'node:net';
+import pino from 'pino';
+import { Environments } from '../../src/engine/environments.js';
 import { buildServer } from '../../src/server/app.js';
 import { createApiKey } from '../../src/store/api-keys.js';
 import { createWorkspace, type Workspace } from '../../src/store/workspaces.js';
@@ -28,28 +31,39 @@ export interface TestApi {
   db: TestDatabase;
   /** The server's data dir: code host repositories and workspace environments. */
   dataDir: string;
+  /** The workspace environments of `dataDir`, shared with the server (merges) and test engines. */
+  environments: Environments;
   newTenant(options?: { plan?: 'free' | 'pro' | 'max' }): Promise<Tenant>;
   close(): Promise<void>;
 }
 
 export async function startTestApi(
   driver: TestDriver,
-  options: { rateLimits?: RateLimits } = {},
+  options: { rateLimits?: RateLimits; repoPaths?: string[] } = {},
 ): Promise<TestApi> {
   const db = await openTestDatabase(driver);
   const dataDir = mkdtempSync(join(tmpdir(), 'svc-test-data-'));
+  const environments = new Environments({ db: db.database.db, dataDir, policy: { hiddenPaths: [dataDir], allowUnsandboxed: false }, logger: pino({ level: process.env.SVC_TEST_LOG ?? 'silent' }) });
   const app = await buildServer({
     database: db.database,
     publicUrl: TEST_PUBLIC_URL,
     dataDir,
+    environments,
+    ...(options.repoPaths ? { repoPaths: options.repoPaths } : {}),
     // Generous by default so that suites are not throttled; rate-limit tests set their own.
     rateLimits: options.rateLimits ?? { perMinute: 100_000, perHour: 1_000_000 },
   });
   await app.ready();
+  const sockets = new Set<Socket>();
+  app.server.on('connection', (socket: Socket) => {
+    sockets.add(socket);
+    socket.once('close', () => sockets.delete(socket));
+  });
   return {
     app,
     db,
     dataDir,
+    environments,
     async newTenant(tenantOptions = {}) {
       const name = `ws-${randomBytes(5).toString('hex')}`;
       const workspace = await createWorkspace(db.database.db, { name, plan: tenantOptions.plan ?? 'free', defaultAgent: DEFAULT_AGENT });
@@ -65,7 +79,24 @@ export async function startTestApi(
       };
     },
     async close() {
-      await app.close();
+      // Clients of a test that listened on a real port (a runner daemon's keep-alive connections) would
+      // hold the close until their idle timeout.
+      // Tests that listen on a real port (runner daemons, fetch) leave connections that would hold the
+      // close until their timeouts, some opened while the close hooks run: idle ones go at once, and what
+      // is left after a grace for answers in flight (a log stream ending) is cut.
+      const closing = app.close();
+      const started = Date.now();
+      const ending = setInterval(() => {
+        app.server.closeIdleConnections();
+        if (Date.now() - started > 2_000) for (const socket of sockets) socket.destroy();
+      }, 50);
+      app.server.closeIdleConnections();
+      try {
+        await closing;
+      } finally {
+        clearInterval(ending);
+      }
+      await environments.close();
       await db.close();
       await rm(dataDir, { recursive: true, force: true });
     },
@@ -79,7 +110,7 @@ export async function startTestApi(
 export function useTestApi(
   driver: TestDriver,
   ready: (context: { api: TestApi; tenant: Tenant }) => void,
-  options: { rateLimits?: RateLimits } = {},
+  options: { rateLimits?: RateLimits; repoPaths?: string[] } = {},
 ): void {
   let api: TestApi | undefined;
   beforeAll(async () => {

@@ -1,6 +1,8 @@
 /** /api/v1/repos: connected repositories and the pull requests on the built-in code host. */
 import type { FastifyPluginAsyncZod } from 'fastify-type-provider-zod';
 import {
+  ConnectRepositoryBody,
+  ConnectRepositoryResponse,
   ListPullRequestsQuery,
   ListPullRequestsResponse,
   ListRepositoriesResponse,
@@ -10,16 +12,16 @@ import {
   RepositoryParams,
 } from '../../protocol/rest.js';
 import * as pulls from '../../engine/pull-requests.js';
-import type { Db } from '../../store/db.js';
+import { connectRepository } from '../../engine/repositories.js';
 import { callerOf } from '../auth.js';
 import { refuseNulBytes } from '../nul.js';
 import { presentPullRequestDetail, presentRepository } from './present.js';
 import { errorResponses } from './responses.js';
 
-export interface CodeHostDeps {
-  db: Db;
-  dataDir: string;
-}
+export type CodeHostDeps = pulls.PullRequestDeps & {
+  /** Roots under which `POST /repos` accepts paths on the server (SVC_REPO_PATHS). */
+  repoPaths: readonly string[];
+};
 
 const TAG = ['pull requests'];
 
@@ -38,6 +40,23 @@ export const pullRequestRoutes: FastifyPluginAsyncZod<CodeHostDeps> = async (app
       },
     },
     async (request) => ({ repositories: (await pulls.listWorkspaceRepositories(db, callerOf(request))).map(presentRepository) }),
+  );
+
+  app.post(
+    '/repos',
+    {
+      schema: {
+        tags: TAG,
+        operationId: 'connectRepository',
+        summary: 'Connect a repository to the workspace: the code host gets a copy, the environment a working copy',
+        body: ConnectRepositoryBody,
+        response: { 201: ConnectRepositoryResponse, ...errorResponses(400, 409, 415) },
+      },
+    },
+    async (request, reply) => {
+      const { repository, setup } = await connectRepository(db, deps.environments, callerOf(request), request.body, deps.repoPaths);
+      return reply.status(201).send({ repository: presentRepository(repository), setup });
+    },
   );
 
   app.get(

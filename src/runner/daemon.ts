@@ -1,0 +1,508 @@
+/**
+ * `svc runner start`: the desktop runner daemon, one per home (lock.ts).
+ *
+ * At start it takes over what an earlier life left: runs that were executing are stopped (their
+ * recorded process groups killed) and reported failed, finished runs resume delivery and completion
+ * (run-state.ts); none is executed again. A run whose record or outbox is damaged is quarantined: logged
+ * with its path, left as it is on disk (`svc runner status` shows it), never claimed or reported here,
+ * while the others go on. Then it discovers what it can run, heartbeats, and long-polls
+ * `POST /runners/signals`:
+ *
+ * - a new work version: list `/runs`, claim queued runs up to the concurrency (one run per task at a
+ *   time), stop cancelled ones (their receipt says `cancelled`), forget runs the server no longer lists;
+ * - `missing` runs: stop them and drop their outbox;
+ * - controls: hand each to its run, then advance the run's cursor;
+ * - review requests: answer with the file (review.ts).
+ *
+ * A revoked connection stops every run and ends the daemon with a message to pair again; so does a
+ * credential the server does not know. SIGINT/SIGTERM stop the runs' process groups and keep the outbox:
+ * the next start reports those runs failed after delivering their events.
+ */
+import { RUNNER_LIMITS, type Capabilities, type ListRunsResponse, type ProjectRegistration, type RunManifest, type RunOutcome, type SignalsResponse } from '../protocol/runner.js';
+import { assertNever } from '../domain/errors.js';
+import { runnerVersion } from './about.js';
+import { backoffDelay, sleep } from './backoff.js';
+import { RunnerClient, RunnerHttpError, RunnerRevokedError, RunnerUnauthorizedError, type RunnerClientOptions } from './client.js';
+import { completeRun } from './complete.js';
+import { discoverCapabilities } from './discovery.js';
+import { startExecution, type Execution } from './execute.js';
+import type { Connection, RunnerHome } from './home.js';
+import { acquireRunnerLock, type RunnerLock } from './lock.js';
+import { errorText, stderrLog, type Log } from './log.js';
+import { OutboxCorruptError, RunOutbox } from './outbox.js';
+import { registrationOf } from './projects.js';
+import { reviewAnswer } from './review.js';
+import { RunRecords, type RunRecord } from './run-state.js';
+import { Uploader } from './upload.js';
+
+export const STOPPED_WHILE_EXECUTING = 'the runner stopped while this run executed';
+const LOST_STATE = 'the runner lost the state of this run';
+
+export interface DaemonOptions {
+  home: RunnerHome;
+  concurrency?: number;
+  env?: NodeJS.ProcessEnv;
+  log?: Log;
+  /** The signals request's wait (at most 10 s). */
+  waitMs?: number;
+  /** Client seams (tests): waits, randomness. */
+  client?: Pick<RunnerClientOptions, 'sleep' | 'random' | 'timeoutMs'>;
+}
+
+/** Ends the daemon: the connection cannot go on (revoked, unknown credential). */
+const isFatal = (error: unknown) => error instanceof RunnerRevokedError || error instanceof RunnerUnauthorizedError;
+
+/** How long a stopping daemon waits for its harnesses to unwind once their processes are killed. */
+const UNWIND_MS = 10_000;
+
+interface Delivery {
+  record: RunRecord;
+  outbox: RunOutbox;
+}
+
+export class RunnerDaemon {
+  private readonly home: RunnerHome;
+  private readonly records: RunRecords;
+  private readonly log: Log;
+  private readonly env: NodeJS.ProcessEnv;
+  private readonly concurrency: number;
+  private readonly waitMs: number;
+  private readonly shutdown = new AbortController();
+  private connection: Connection;
+  private readonly client: RunnerClient;
+  private readonly uploader: Uploader;
+  private lock: RunnerLock | null = null;
+  private capabilities: Capabilities | undefined;
+  private heartbeatIntervalMs: number;
+  private heartbeatTimer: NodeJS.Timeout | null = null;
+  private fatal: unknown = null;
+
+  private readonly executing = new Map<string, Execution>();
+  private readonly delivering = new Map<string, Delivery>();
+  private readonly outboxes = new Map<string, RunOutbox>();
+  /** Control cursors: the last control sequence each run took. */
+  private readonly cursors = new Map<string, number>();
+  /** Runs forgotten while their execution still unwinds: it must not record them again. */
+  private readonly forgotten = new Set<string>();
+  /** Runs whose state here is damaged: left alone, never claimed or adopted again. */
+  private readonly quarantined = new Set<string>();
+  private readonly reviewsInFlight = new Set<string>();
+  private readonly reviewsAnswered = new Set<string>();
+  private listedVersion: string | null = null;
+  private relist = true;
+  private pollInterrupt: AbortController | null = null;
+
+  constructor(options: DaemonOptions) {
+    this.home = options.home;
+    this.log = options.log ?? stderrLog;
+    this.records = new RunRecords(options.home, this.log);
+    this.env = options.env ?? process.env;
+    this.concurrency = Math.max(1, options.concurrency ?? 2);
+    this.waitMs = Math.min(options.waitMs ?? RUNNER_LIMITS.maxWaitMs, RUNNER_LIMITS.maxWaitMs);
+    this.connection = options.home.requireConnection();
+    this.heartbeatIntervalMs = this.connection.heartbeatIntervalMs;
+    this.client = new RunnerClient({
+      baseUrl: this.connection.server,
+      credential: this.connection.credential,
+      signal: this.shutdown.signal,
+      onRetry: ({ path, attempt, delayMs, reason }) => {
+        if (attempt === 1 || attempt % 10 === 0) this.log(`${path}: ${reason}; trying again in ${Math.round(delayMs / 100) / 10} s (attempt ${attempt + 1})`);
+      },
+      ...options.client,
+    });
+    this.uploader = new Uploader({
+      client: this.client,
+      log: this.log,
+      onGone: (runId) => this.forget(runId),
+      onRefused: () => this.wake(),
+      onFatal: (error) => this.fail(error),
+      ...(options.client?.random ? { random: options.client.random } : {}),
+    });
+  }
+
+  /** Runs until stopped (resolves) or until the connection cannot go on (rejects with why). */
+  async run(): Promise<void> {
+    this.lock = acquireRunnerLock(this.home.lockFile, this.home.dir);
+    try {
+      await this.recover();
+      const discovery = await discoverCapabilities(this.home, this.env);
+      this.capabilities = discovery.capabilities;
+      this.log(`runner ${this.connection.runnerId} for ${this.connection.server}; harnesses: ${discovery.harnesses.join(', ') || 'none found'}`);
+      await this.heartbeat();
+      this.scheduleHeartbeat();
+      await this.signalsLoop();
+    } catch (error) {
+      // Once the shutdown began, what the loops throw is its abort; `fail` recorded a real cause already.
+      if (!this.shutdown.signal.aborted) this.fatal ??= error;
+    } finally {
+      await this.stopEverything();
+      this.lock.release();
+    }
+    if (this.fatal !== null) throw this.fatal;
+  }
+
+  /** SIGINT/SIGTERM: stop the runs' processes, keep the outbox, let `run` resolve. */
+  stop(): void {
+    if (!this.shutdown.signal.aborted) this.shutdown.abort(new Error('the runner is stopping'));
+  }
+
+  /** Ends the daemon for `error`; once it is stopping, what fails is only the stop's own abort. */
+  private fail(error: unknown): void {
+    if (this.shutdown.signal.aborted) return;
+    this.fatal = error;
+    this.shutdown.abort(error);
+  }
+
+  private wake(): void {
+    this.relist = true;
+    this.pollInterrupt?.abort(new Error('woken'));
+  }
+
+  // ---- start: what an earlier life left ----
+
+  private async recover(): Promise<void> {
+    const { records, damaged } = this.records.scan();
+    for (const { runId, path, problem } of damaged) {
+      // Whatever it ran is stopped all the same: nothing here can report or control it any more.
+      await this.stopLeftGroups(runId);
+      this.quarantine(runId, `its record ${path} is damaged (${problem})`);
+    }
+    for (const found of records) {
+      const { runId } = found.manifest;
+      if (found.phase === 'executing') await this.stopLeftGroups(runId);
+      const outbox = await this.openOutbox(found.manifest);
+      if (!outbox) continue;
+      let record = found;
+      if (record.phase === 'executing') {
+        await outbox.append({ kind: 'error', data: { message: STOPPED_WHILE_EXECUTING } });
+        record = this.records.write({ manifest: record.manifest, phase: 'finished', outcome: { status: 'failed', error: STOPPED_WHILE_EXECUTING } });
+      }
+      this.log(`run ${runId}: resuming delivery (${outbox.backlog().entries} event(s) to send)`);
+      this.outboxes.set(runId, outbox);
+      this.uploader.add({ runId, generation: record.manifest.generation, outbox });
+      this.deliver(record, outbox);
+    }
+  }
+
+  private async stopLeftGroups(runId: string): Promise<void> {
+    const stopped = await this.records.stopGroups(runId);
+    if (stopped > 0) this.log(`run ${runId}: stopped ${stopped} process group(s) left from before`);
+  }
+
+  /** The run's outbox; null when it is damaged, and the run is quarantined. */
+  private async openOutbox(manifest: RunManifest): Promise<RunOutbox | null> {
+    try {
+      return await RunOutbox.open(this.records.dirOf(manifest.runId), manifest.eventsStored);
+    } catch (error) {
+      if (!(error instanceof OutboxCorruptError)) throw error;
+      this.quarantine(manifest.runId, error.message);
+      return null;
+    }
+  }
+
+  private quarantine(runId: string, why: string): void {
+    this.quarantined.add(runId);
+    this.log(`run ${runId} is left alone: ${why}. Nothing of it is sent or executed here until it is moved away (svc runner status lists it)`);
+  }
+
+  // ---- heartbeat ----
+
+  private async heartbeat(): Promise<void> {
+    let projects: ProjectRegistration[] | undefined;
+    try {
+      projects = this.home.readProjects().map(registrationOf);
+    } catch (error) {
+      // A broken project list keeps what the server has rather than registering none.
+      this.log(`projects are not sent: ${errorText(error)}`);
+    }
+    const version = runnerVersion();
+    const answer = await this.client.heartbeat({
+      workspaceId: this.connection.workspaceId,
+      ...(this.capabilities ? { capabilities: this.capabilities } : {}),
+      ...(projects ? { projects } : {}),
+      ...(version ? { runnerVersion: version } : {}),
+    });
+    this.heartbeatIntervalMs = answer.heartbeatIntervalMs > 0 ? answer.heartbeatIntervalMs : this.heartbeatIntervalMs;
+    if (answer.workspaceId !== this.connection.workspaceId) {
+      this.connection = { ...this.connection, workspaceId: answer.workspaceId };
+      this.home.writeConnection(this.connection);
+    }
+    if (answer.version !== this.listedVersion) this.wake();
+  }
+
+  private scheduleHeartbeat(): void {
+    if (this.shutdown.signal.aborted) return;
+    this.heartbeatTimer = setTimeout(() => {
+      this.heartbeat().then(
+        () => this.scheduleHeartbeat(),
+        (error: unknown) => {
+          if (isFatal(error)) return this.fail(error);
+          if (!this.shutdown.signal.aborted) this.log(`heartbeat failed: ${errorText(error)}`);
+          this.scheduleHeartbeat();
+        },
+      );
+    }, this.heartbeatIntervalMs);
+  }
+
+  // ---- signals ----
+
+  private async signalsLoop(): Promise<void> {
+    let failures = 0;
+    while (!this.shutdown.signal.aborted) {
+      try {
+        if (this.relist) await this.listRuns();
+        const interrupt = new AbortController();
+        this.pollInterrupt = interrupt;
+        let answer: SignalsResponse;
+        try {
+          // A wake that came while the list was fetched must not wait for the poll.
+          if (this.relist) continue;
+          answer = await this.client.signals(
+            { runs: this.signalRuns(), version: this.listedVersion, waitMs: this.waitMs },
+            interrupt.signal,
+          );
+        } catch (error) {
+          if (interrupt.signal.aborted && !this.shutdown.signal.aborted) continue;
+          throw error;
+        } finally {
+          this.pollInterrupt = null;
+        }
+        this.handleSignals(answer);
+        failures = 0;
+      } catch (error) {
+        if (this.shutdown.signal.aborted || isFatal(error)) throw error;
+        // A refusal or an answer off the protocol: log it, wait, and go on (network failures are retried
+        // inside the client already).
+        this.log(`signals: ${errorText(error)}`);
+        await sleep(backoffDelay(failures++), this.shutdown.signal);
+      }
+    }
+  }
+
+  /** The runs whose controls and existence matter: executing and still delivering. */
+  private signalRuns(): Array<{ runId: string; after: number }> {
+    const ids = [...new Set([...this.executing.keys(), ...this.delivering.keys()])];
+    return ids.slice(0, RUNNER_LIMITS.signalRuns).map((runId) => ({ runId, after: this.cursors.get(runId) ?? 0 }));
+  }
+
+  private handleSignals(answer: SignalsResponse): void {
+    for (const runId of answer.missing) {
+      this.log(`run ${runId} no longer exists; stopping it and dropping its events`);
+      this.forget(runId);
+    }
+    const controls = [...answer.controls].sort((a, b) => a.sequence - b.sequence);
+    for (const control of controls) {
+      if (control.sequence <= (this.cursors.get(control.runId) ?? 0)) continue;
+      this.executing.get(control.runId)?.deliver(control.message);
+      this.cursors.set(control.runId, control.sequence);
+    }
+    for (const request of answer.reviewRequests) void this.answerReview(request.id, request.taskId, request.path);
+    if (answer.version !== this.listedVersion) this.relist = true;
+  }
+
+  private async answerReview(id: string, taskId: string, path: string): Promise<void> {
+    if (this.reviewsInFlight.has(id) || this.reviewsAnswered.has(id)) return;
+    this.reviewsInFlight.add(id);
+    try {
+      await this.client.answerReview(id, reviewAnswer(this.home, { taskId, path }));
+      this.reviewsAnswered.add(id);
+      if (this.reviewsAnswered.size > 1_000) this.reviewsAnswered.delete(this.reviewsAnswered.values().next().value!);
+    } catch (error) {
+      if (isFatal(error)) return this.fail(error);
+      if (!this.shutdown.signal.aborted) this.log(`review request ${id}: ${errorText(error)}`);
+    } finally {
+      this.reviewsInFlight.delete(id);
+    }
+  }
+
+  // ---- runs ----
+
+  private async listRuns(): Promise<void> {
+    // Cleared first: a wake while the list is fetched asks for another one.
+    this.relist = false;
+    let listing: ListRunsResponse;
+    try {
+      listing = await this.client.listRuns();
+    } catch (error) {
+      this.relist = true;
+      throw error;
+    }
+    const listed = new Map(listing.runs.map((run) => [run.runId, run]));
+    // A run delivered here that the server no longer lists is finished there: nothing is left to report.
+    for (const runId of [...this.delivering.keys()]) {
+      if (!listed.has(runId)) this.forget(runId);
+    }
+    const candidates: RunManifest[] = [];
+    for (const run of listing.runs) {
+      if (this.quarantined.has(run.runId)) continue;
+      const known = this.executing.has(run.runId) || this.delivering.has(run.runId);
+      switch (run.state) {
+        case 'cancelled':
+          if (this.executing.has(run.runId)) {
+            this.log(`run ${run.runId} was cancelled; stopping it`);
+            this.executing.get(run.runId)!.stop('cancelled');
+          } else if (!known && run.generation >= 1) {
+            await this.adopt(run, 'finished', { status: 'cancelled' });
+          }
+          break;
+        case 'syncing':
+          if (!known) await this.adopt(run, 'synced', { status: 'failed', error: LOST_STATE });
+          break;
+        case 'executing':
+          // Claimed here but never recorded: the claim's answer was lost, so it never ran. Claim it again.
+          if (!known) candidates.push(run);
+          break;
+        case 'queued':
+          candidates.push(run);
+          break;
+        case 'completed':
+        case 'failed':
+          break;
+        default:
+          assertNever(run.state);
+      }
+    }
+    const busyTasks = new Set([...this.executing.values()].map((execution) => execution.manifest.taskId));
+    for (const delivery of this.delivering.values()) busyTasks.add(delivery.record.manifest.taskId);
+    candidates.sort((a, b) => a.createdAt.localeCompare(b.createdAt));
+    for (const run of candidates) {
+      if (this.executing.size >= this.concurrency || this.shutdown.signal.aborted) break;
+      if (busyTasks.has(run.taskId)) continue;
+      busyTasks.add(run.taskId);
+      await this.claimAndStart(run);
+    }
+    this.listedVersion = listing.version;
+  }
+
+  /** A claimed run this runner has no record of: report it as the server sees it must end. */
+  private async adopt(run: RunManifest, phase: 'finished' | 'synced', outcome: RunOutcome): Promise<void> {
+    if (this.records.read(run.runId)) return;
+    const record = this.records.write({ manifest: run, phase, outcome });
+    const outbox = await this.openOutbox(run);
+    if (!outbox) return;
+    this.outboxes.set(run.runId, outbox);
+    this.uploader.add({ runId: run.runId, generation: run.generation, outbox });
+    this.deliver(record, outbox);
+  }
+
+  private async claimAndStart(run: RunManifest): Promise<void> {
+    let manifest: RunManifest;
+    try {
+      manifest = (await this.client.claim(run.runId)).run;
+    } catch (error) {
+      if (!(error instanceof RunnerHttpError)) throw error;
+      this.log(`run ${run.runId} was not claimed: ${error.message} (HTTP ${error.status})`);
+      return;
+    }
+    if (manifest.generation < 1 || manifest.runId !== run.runId) {
+      this.log(`run ${run.runId}: the claim's answer names generation ${manifest.generation} of run ${manifest.runId}; not executed`);
+      return;
+    }
+    // Recorded before anything runs: after a crash, a run with a record is never executed again.
+    const record = this.records.write({ manifest, phase: 'executing' });
+    const outbox = await this.openOutbox(manifest);
+    if (!outbox) return;
+    this.outboxes.set(manifest.runId, outbox);
+    this.uploader.add({ runId: manifest.runId, generation: manifest.generation, outbox });
+    this.log(`run ${manifest.runId} (task ${manifest.taskSlug}, ${manifest.harness}/${manifest.model}): executing, generation ${manifest.generation}`);
+    const execution = startExecution({ home: this.home, records: this.records, env: this.env, log: this.log }, manifest, outbox, () => this.uploader.kick());
+    this.executing.set(manifest.runId, execution);
+    void execution.done
+      .then(
+        (outcome) => this.afterExecution(record, outbox, outcome),
+        (error: unknown) => this.afterExecution(record, outbox, { status: 'failed', error: errorText(error) }),
+      )
+      .catch((error: unknown) => this.log(`run ${manifest.runId}: after its execution: ${errorText(error)}`));
+  }
+
+  private afterExecution(record: RunRecord, outbox: RunOutbox, outcome: RunOutcome | null): void {
+    const { runId } = record.manifest;
+    this.executing.delete(runId);
+    if (this.forgotten.has(runId)) {
+      this.forgotten.delete(runId);
+      this.records.remove(runId);
+      return;
+    }
+    // Stopped by the shutdown: it stays `executing`, and the next start reports it.
+    if (outcome === null) return;
+    let finished: RunRecord;
+    try {
+      finished = this.records.write({ manifest: record.manifest, phase: 'finished', outcome });
+    } catch (error) {
+      // The disk refused (full, failing): delivery writes the record first and retries until it can, and
+      // meanwhile the run stays known here, so that it is neither claimed again nor lost.
+      this.log(`run ${runId}: its end could not be recorded: ${errorText(error)}; trying again`);
+      finished = { manifest: record.manifest, phase: 'finished', outcome, updatedAt: new Date().toISOString() };
+    }
+    // Ended by itself as the daemon stopped: the next start delivers it.
+    if (this.shutdown.signal.aborted) return;
+    this.log(`run ${runId}: ${outcome.status}; delivering`);
+    this.deliver(finished, outbox);
+    // A slot is free, and the task may have a run waiting.
+    this.wake();
+  }
+
+  /** Delivers a finished run and sends its receipt, retrying until done; then forgets it. */
+  private deliver(record: RunRecord, outbox: RunOutbox): void {
+    const { runId } = record.manifest;
+    this.delivering.set(runId, { record, outbox });
+    void (async () => {
+      for (let attempt = 0; !this.shutdown.signal.aborted && this.delivering.has(runId); attempt++) {
+        try {
+          let current = this.records.read(runId) ?? record;
+          // The end of the run was not recorded (the write failed): it is, before the server hears of it.
+          if (current.phase === 'executing') current = this.records.write({ manifest: record.manifest, phase: record.phase, ...(record.outcome ? { outcome: record.outcome } : {}) });
+          const result = await completeRun(
+            { client: this.client, records: this.records, uploader: this.uploader, log: this.log, signal: this.shutdown.signal },
+            current,
+            outbox,
+          );
+          // A stop cuts delivery short: the record and outbox stay for the next start.
+          if (this.shutdown.signal.aborted) return;
+          if (this.delivering.has(runId)) this.log(`run ${runId}: ${result === 'completed' ? 'reported' : 'left to the server'}`);
+          this.forget(runId);
+          return;
+        } catch (error) {
+          if (this.shutdown.signal.aborted) return;
+          if (isFatal(error)) return this.fail(error);
+          this.log(`run ${runId}: not reported yet: ${errorText(error)}`);
+          await sleep(backoffDelay(attempt), this.shutdown.signal).catch(() => undefined);
+        }
+      }
+    })();
+  }
+
+  /** Stops a run if it executes and drops everything of it here: record, outbox, cursor. */
+  private forget(runId: string): void {
+    this.delivering.delete(runId);
+    this.cursors.delete(runId);
+    this.uploader.remove(runId);
+    const outbox = this.outboxes.get(runId);
+    this.outboxes.delete(runId);
+    const execution = this.executing.get(runId);
+    if (execution) {
+      this.forgotten.add(runId);
+      execution.stop('deleted');
+      void outbox?.close().catch(() => undefined);
+      return;
+    }
+    void (outbox ? outbox.close().catch(() => undefined) : Promise.resolve()).then(() => this.records.remove(runId));
+  }
+
+  private async stopEverything(): Promise<void> {
+    this.stop();
+    if (this.heartbeatTimer) clearTimeout(this.heartbeatTimer);
+    this.uploader.stop();
+    const executions = [...this.executing.values()];
+    for (const execution of executions) execution.stop('shutdown');
+    // The abort kills their process groups; a harness that takes long to unwind is not waited for.
+    let timer: NodeJS.Timeout | undefined;
+    await Promise.race([
+      Promise.allSettled(executions.map((execution) => execution.done)),
+      new Promise((resolve) => (timer = setTimeout(resolve, UNWIND_MS))),
+    ]);
+    clearTimeout(timer);
+    for (const execution of executions) await this.records.stopGroups(execution.manifest.runId);
+    for (const outbox of this.outboxes.values()) await outbox.close().catch(() => undefined);
+  }
+}

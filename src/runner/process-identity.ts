@@ -1,0 +1,96 @@
+/**
+ * Which process a recorded pid names. A pid alone names whatever process has that number now: after a
+ * reboot, or once the recorded process exited and the number came round again, it is someone else's (the
+ * user's terminal, an editor). So the runner records a process's identity next to its pid and acts on the
+ * pid (kills its group, respects its lock) only while the identity still matches.
+ *
+ * - Linux: the boot id (`/proc/sys/kernel/random/boot_id`) and the start time in clock ticks since boot
+ *   (`/proc/<pid>/stat`, field 22). Both together name one process of one boot.
+ * - Elsewhere (macOS, the BSDs): no /proc; `ps -o lstart= -p <pid>` gives the start as a wall-clock time
+ *   to the second (in UTC, C locale), which differs across reboots too. There is no boot id.
+ * - Where neither answers, a process's identity is unknown and callers do not act on the pid.
+ *
+ * The group records of local-workspace.ts are written by the group's own shell in the same terms (it
+ * reads the same /proc files, or runs the same `ps`), so what it wrote compares with `processIdentity`.
+ */
+import { execFileSync } from 'node:child_process';
+import { existsSync, readFileSync } from 'node:fs';
+
+export interface ProcessIdentity {
+  pid: number;
+  /** The boot's id (Linux); absent where the platform has none. */
+  boot?: string;
+  /** The process's start: clock ticks since boot (Linux), or `ps`'s `lstart` text. */
+  start: string;
+}
+
+/**
+ * `running`: the recorded process is the one with that pid now. `gone`: it is not (no process has the
+ * pid, or another one does, or the machine rebooted since). `unknown`: this platform cannot tell.
+ */
+export type ProcessMatch = 'running' | 'gone' | 'unknown';
+
+const BOOT_ID = '/proc/sys/kernel/random/boot_id';
+
+/** Whether this platform has the /proc files the Linux identity is made of. */
+const hasProc = (): boolean => existsSync('/proc/self/stat') && existsSync(BOOT_ID);
+
+/** The fields of `/proc/<pid>/stat` from the third on (after `(comm)`, which may hold spaces); null when absent. */
+function statFields(pid: number): string[] | null {
+  let text: string;
+  try {
+    text = readFileSync(`/proc/${pid}/stat`, 'utf8');
+  } catch {
+    return null;
+  }
+  return text.slice(text.lastIndexOf(')') + 2).trim().split(' ');
+}
+
+/** `ps -o <field>= -p <pid>`: its text, null when no such process, undefined when there is no `ps`. */
+function psField(pid: number, field: string): string | null | undefined {
+  try {
+    const text = execFileSync('ps', ['-o', `${field}=`, '-p', String(pid)], {
+      encoding: 'utf8',
+      stdio: ['ignore', 'pipe', 'ignore'],
+      env: { ...process.env, LC_ALL: 'C', TZ: 'UTC' },
+      timeout: 5_000,
+    });
+    return normalizeSpaces(text) || null;
+  } catch (error) {
+    // `ps -p` exits 1 when the process does not exist.
+    return (error as { status?: unknown }).status === 1 ? null : undefined;
+  }
+}
+
+const normalizeSpaces = (text: string): string => text.trim().replace(/\s+/g, ' ');
+
+/** What names process `pid` now; null when no such process runs, undefined when this platform cannot tell. */
+export function processIdentity(pid: number): ProcessIdentity | null | undefined {
+  if (!Number.isInteger(pid) || pid < 1) return null;
+  if (hasProc()) {
+    // Field 22 (starttime) is the 20th after `(comm)`.
+    const start = statFields(pid)?.[19];
+    if (!start) return null;
+    return { pid, boot: readFileSync(BOOT_ID, 'utf8').trim(), start };
+  }
+  const start = psField(pid, 'lstart');
+  if (start === undefined) return undefined;
+  return start === null ? null : { pid, start };
+}
+
+/** Whether the process `recorded` names is still the one with its pid. */
+export function matchProcess(recorded: ProcessIdentity): ProcessMatch {
+  const now = processIdentity(recorded.pid);
+  if (now === undefined) return 'unknown';
+  if (now === null) return 'gone';
+  // A record from the other kind of platform (a home moved between machines) names nothing here.
+  if ((recorded.boot === undefined) !== (now.boot === undefined)) return 'gone';
+  return recorded.boot === now.boot && normalizeSpaces(recorded.start) === now.start ? 'running' : 'gone';
+}
+
+/** The process group this process belongs to; null when this platform cannot tell. */
+export function ownProcessGroup(): number | null {
+  const pgrp = hasProc() ? statFields(process.pid)?.[2] : psField(process.pid, 'pgid');
+  const value = Number(pgrp);
+  return Number.isInteger(value) && value > 0 ? value : null;
+}

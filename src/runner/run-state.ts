@@ -1,0 +1,230 @@
+/**
+ * What the runner remembers of each run it claimed, in `<home>/runs/<run id>/run.json`, so that a restart
+ * knows where every run stood:
+ *
+ * - `executing`: the harness was (or was about to be) running. After a restart its processes are stopped
+ *   and it is reported failed: a claimed run executes once, never again by itself.
+ * - `finished`: the harness ended and its process groups are gone; `outcome` holds the result. Next: tell
+ *   the server `syncing`, deliver the outbox, send the completion receipt.
+ * - `synced`: the server knows it is syncing; delivery and the receipt remain.
+ *
+ * The record is written before the harness starts, so a run with no record never ran here. The run's
+ * process groups are recorded beside it (`groups/`, see agents/local-workspace.ts) while they run, each
+ * with its leader's identity (process-identity.ts): a group is stopped only while that leader still runs,
+ * never by a bare group id that may be another program's by now.
+ *
+ * A record that cannot be read (not JSON, not a record) is damaged: `scan` lists it apart, and the daemon
+ * leaves that run alone (quarantined) while the others go on.
+ */
+import { existsSync, readFileSync, readdirSync, rmSync } from 'node:fs';
+import { join } from 'node:path';
+import { z } from 'zod';
+import { RunManifest, RunOutcome } from '../protocol/runner.js';
+import { assertNever } from '../domain/errors.js';
+import { writeFileAtomic, type RunnerHome } from './home.js';
+import { errorText, stderrLog, type Log } from './log.js';
+import { matchProcess, ownProcessGroup, type ProcessIdentity } from './process-identity.js';
+
+export const RunPhase = z.enum(['executing', 'finished', 'synced']);
+export type RunPhase = z.infer<typeof RunPhase>;
+
+export const RunRecord = z.object({
+  /** The manifest as claimed: its generation is the one every request names. */
+  manifest: RunManifest,
+  phase: RunPhase,
+  outcome: RunOutcome.optional(),
+  updatedAt: z.string(),
+});
+export type RunRecord = z.infer<typeof RunRecord>;
+
+const RECORD = 'run.json';
+
+/** A run whose record cannot be read: left alone, shown by `svc runner status`. */
+export interface DamagedRun {
+  runId: string;
+  path: string;
+  problem: string;
+}
+
+export class RunRecordDamagedError extends Error {
+  constructor(
+    readonly path: string,
+    readonly problem: string,
+  ) {
+    super(`the run record ${path} is damaged (${problem})`);
+    this.name = 'RunRecordDamagedError';
+  }
+}
+
+/** One file of `groups/`: the group id and, when the writer could tell, its leader's identity. */
+export interface GroupRecord {
+  path: string;
+  pgid: number;
+  leader: ProcessIdentity | null;
+}
+
+/** Parses a group file as local-workspace.ts writes it: the pid, then `boot <id>` and `start <time>` lines. */
+export function parseGroupRecord(path: string, text: string): GroupRecord | null {
+  const [first, ...rest] = text.split('\n');
+  const pgid = Number(first?.trim());
+  if (!Number.isInteger(pgid) || pgid <= 1) return null;
+  const fields = new Map(rest.map((line) => [line.slice(0, line.indexOf(' ')), line.slice(line.indexOf(' ') + 1).trim()] as const));
+  const start = fields.get('start');
+  const boot = fields.get('boot');
+  return { path, pgid, leader: start ? { pid: pgid, start, ...(boot ? { boot } : {}) } : null };
+}
+
+export class RunRecords {
+  constructor(
+    private readonly home: RunnerHome,
+    private readonly log: Log = stderrLog,
+  ) {}
+
+  dirOf(runId: string): string {
+    return this.home.runDir(runId);
+  }
+
+  groupsDirOf(runId: string): string {
+    return join(this.dirOf(runId), 'groups');
+  }
+
+  /** The run's record; null when it has none; RunRecordDamagedError when it cannot be read. */
+  read(runId: string): RunRecord | null {
+    const path = join(this.dirOf(runId), RECORD);
+    if (!existsSync(path)) return null;
+    let json: unknown;
+    try {
+      json = JSON.parse(readFileSync(path, 'utf8'));
+    } catch (error) {
+      throw new RunRecordDamagedError(path, error instanceof SyntaxError ? `not JSON: ${error.message}` : errorText(error));
+    }
+    const parsed = RunRecord.safeParse(json);
+    if (!parsed.success) {
+      const issue = parsed.error.issues[0];
+      throw new RunRecordDamagedError(path, `not a run record: ${issue ? `${issue.path.join('.') || '(root)'} ${issue.message}` : 'invalid'}`);
+    }
+    return parsed.data;
+  }
+
+  /** The ids of every run folder, recorded or not. */
+  runIds(): string[] {
+    if (!existsSync(this.home.runsDir)) return [];
+    return readdirSync(this.home.runsDir)
+      .filter((entry) => z.uuid().safeParse(entry).success)
+      .sort();
+  }
+
+  /** Every recorded run, and apart the runs whose record is damaged; a folder without a record is left out. */
+  scan(): { records: RunRecord[]; damaged: DamagedRun[] } {
+    const records: RunRecord[] = [];
+    const damaged: DamagedRun[] = [];
+    for (const runId of this.runIds()) {
+      try {
+        const record = this.read(runId);
+        if (record) records.push(record);
+      } catch (error) {
+        const path = error instanceof RunRecordDamagedError ? error.path : join(this.dirOf(runId), RECORD);
+        damaged.push({ runId, path, problem: error instanceof RunRecordDamagedError ? error.problem : errorText(error) });
+      }
+    }
+    return { records, damaged };
+  }
+
+  /** Every recorded run that can be read. */
+  list(): RunRecord[] {
+    return this.scan().records;
+  }
+
+  write(record: Omit<RunRecord, 'updatedAt'>): RunRecord {
+    const full = RunRecord.parse({ ...record, updatedAt: new Date().toISOString() });
+    writeFileAtomic(join(this.dirOf(full.manifest.runId), RECORD), `${JSON.stringify(full)}\n`);
+    return full;
+  }
+
+  /** Forgets the run: record, outbox and all. */
+  remove(runId: string): void {
+    rmSync(this.dirOf(runId), { recursive: true, force: true });
+  }
+
+  /** The process groups the run recorded and that may still run. */
+  groupRecords(runId: string): GroupRecord[] {
+    const dir = this.groupsDirOf(runId);
+    if (!existsSync(dir)) return [];
+    const records: GroupRecord[] = [];
+    for (const entry of readdirSync(dir)) {
+      const path = join(dir, entry);
+      try {
+        const record = parseGroupRecord(path, readFileSync(path, 'utf8'));
+        if (record) records.push(record);
+      } catch {
+        // removed meanwhile: that group is gone
+      }
+    }
+    return records;
+  }
+
+  /** Process group ids the run recorded and that may still run. */
+  recordedGroups(runId: string): number[] {
+    return this.groupRecords(runId).map((record) => record.pgid);
+  }
+
+  /**
+   * Stops every process group the run recorded whose leader still runs, and waits (bounded) until they
+   * are gone; answers how many it stopped. A record whose leader is gone is stale and only dropped; one
+   * that cannot be checked (written without an identity, or on a platform that cannot tell) is left
+   * running with a log line, and so is the runner's own group.
+   */
+  async stopGroups(runId: string): Promise<number> {
+    const own = ownProcessGroup();
+    let stopped = 0;
+    for (const { pgid, leader, path } of this.groupRecords(runId)) {
+      if (pgid === own || pgid === process.pid) {
+        this.log(`run ${runId}: ${path} names the runner's own process group ${pgid}; not stopped`);
+        continue;
+      }
+      const match = leader ? matchProcess(leader) : 'unknown';
+      switch (match) {
+        case 'running':
+          await stopGroup(pgid);
+          stopped += 1;
+          break;
+        case 'gone':
+          break;
+        case 'unknown':
+          this.log(`run ${runId}: process group ${pgid} (${path}) cannot be checked on this computer${leader ? '' : ' (recorded without its start time)'}; it is not stopped`);
+          break;
+        default:
+          assertNever(match);
+      }
+    }
+    rmSync(this.groupsDirOf(runId), { recursive: true, force: true });
+    return stopped;
+  }
+}
+
+/** Whether any process of the group `pid` exists (portable: no /proc needed). */
+export function groupExists(pid: number): boolean {
+  try {
+    process.kill(-pid, 0);
+    return true;
+  } catch (error) {
+    return (error as NodeJS.ErrnoException).code === 'EPERM';
+  }
+}
+
+/**
+ * SIGKILL to the whole group until none of it is left, for at most `timeoutMs`. Only for a group whose
+ * leader was just checked: while any member of the group lives, its id cannot be given to another process,
+ * so the kills that follow reach the same group.
+ */
+export async function stopGroup(pid: number, timeoutMs = 5_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (groupExists(pid) && Date.now() < deadline) {
+    try {
+      process.kill(-pid, 'SIGKILL');
+    } catch {
+      // gone meanwhile
+    }
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+}
