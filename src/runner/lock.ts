@@ -4,11 +4,12 @@
  * start time, process-identity.ts); a lock whose process is gone is taken over, serialised by a
  * short-lived `daemon.lock.takeover` file so that two starters cannot both take the same stale lock. A
  * pid that a live process has again (after a reboot, or once the number came round) is not the owner:
- * its identity differs. Pairing holds the lock too (nothing of the old connection may execute then).
+ * its identity differs (or, in a lock of an older runner that has none, it started after the lock was
+ * written). Pairing holds the lock too (nothing of the old connection may execute then).
  */
 import { closeSync, openSync, readFileSync, rmSync, statSync, writeSync } from 'node:fs';
 import { hostname } from 'node:os';
-import { matchProcess, processIdentity } from './process-identity.js';
+import { matchProcess, matchStartedBy, processIdentity } from './process-identity.js';
 
 export class RunnerLockedError extends Error {
   constructor(
@@ -16,7 +17,9 @@ export class RunnerLockedError extends Error {
     readonly holderPid: number,
     readonly lockFile: string,
   ) {
-    super(`another svc runner (pid ${holderPid}) is running for ${home} (it holds ${lockFile}); stop it first, or use another --home`);
+    // The pid is what the user acts on; the lock file is an inner detail (removing it by hand while the
+    // daemon runs is what the lock is there to prevent), kept on the error for callers.
+    super(`another svc runner (pid ${holderPid}) is running for ${home}; stop it first, or use another --home`);
     this.name = 'RunnerLockedError';
   }
 }
@@ -39,11 +42,26 @@ function isAlive(pid: number): boolean {
   }
 }
 
-/** Whether the lock's owner still runs (this host's locks only): its pid, and its identity where recorded. */
-function ownerRuns(holder: LockContent): boolean {
-  if (holder.start === undefined) return isAlive(holder.pid);
-  const match = matchProcess({ pid: holder.pid, start: holder.start, ...(holder.boot === undefined ? {} : { boot: holder.boot }) });
+/**
+ * Whether the lock's owner still runs (this host's locks only): its identity where recorded, else a
+ * process with its pid that started before the lock was written; by its pid alone only where this
+ * platform cannot tell either.
+ */
+function ownerRuns(holder: LockContent, path: string): boolean {
+  const match =
+    holder.start === undefined ?
+      matchStartedBy(holder.pid, writtenAtMs(path))
+    : matchProcess({ pid: holder.pid, start: holder.start, ...(holder.boot === undefined ? {} : { boot: holder.boot }) });
   return match === 'running' || (match === 'unknown' && isAlive(holder.pid));
+}
+
+/** When the lock file was written; now when it is gone meanwhile (its owner is then checked as running now). */
+function writtenAtMs(path: string): number {
+  try {
+    return statSync(path).mtimeMs;
+  } catch {
+    return Date.now();
+  }
 }
 
 function readLock(path: string): LockContent | null {
@@ -101,7 +119,7 @@ export function lockHolder(path: string): number | null {
   const holder = readLock(path);
   if (!holder) return null;
   if (holder.pid === process.pid) return held.has(path) ? holder.pid : null;
-  return holder.host === hostname() && ownerRuns(holder) ? holder.pid : null;
+  return holder.host === hostname() && ownerRuns(holder, path) ? holder.pid : null;
 }
 
 /** Takes the lock at `path` for `home`, or throws RunnerLockedError naming the live holder. */
@@ -128,7 +146,7 @@ export function acquireRunnerLock(path: string, home: string): RunnerLock {
     if (holder !== null) {
       const ours = holder.pid === process.pid && !held.has(path);
       // A lock from another host (a home on a shared disk) cannot be checked: it is never stale to us.
-      if (holder.host !== mine.host || (!ours && ownerRuns(holder)) || held.has(path)) throw new RunnerLockedError(home, holder.pid, path);
+      if (holder.host !== mine.host || (!ours && ownerRuns(holder, path)) || held.has(path)) throw new RunnerLockedError(home, holder.pid, path);
     }
     if (!tryCreate(takeover, content)) {
       if (ageMs(takeover) > 10_000) rmSync(takeover, { force: true });

@@ -10,6 +10,10 @@
  *   to the second (in UTC, C locale), which differs across reboots too. There is no boot id.
  * - Where neither answers, a process's identity is unknown and callers do not act on the pid.
  *
+ * A record that names a process by its pid alone (written by an older runner, or by a writer that could
+ * not tell the identity) is checked by time instead (`matchStartedBy`): the process ran when the record was
+ * written, so a process that has the pid now but started after that is another one.
+ *
  * The group records of local-workspace.ts are written by the group's own shell in the same terms (it
  * reads the same /proc files, or runs the same `ps`), so what it wrote compares with `processIdentity`.
  */
@@ -86,6 +90,55 @@ export function matchProcess(recorded: ProcessIdentity): ProcessMatch {
   // A record from the other kind of platform (a home moved between machines) names nothing here.
   if ((recorded.boot === undefined) !== (now.boot === undefined)) return 'gone';
   return recorded.boot === now.boot && normalizeSpaces(recorded.start) === now.start ? 'running' : 'gone';
+}
+
+/** Clock ticks per second of /proc's times (USER_HZ: 100 on every common architecture). */
+let ticksPerSecond: number | undefined;
+function clockTicks(): number {
+  if (ticksPerSecond === undefined) {
+    try {
+      ticksPerSecond = Number(execFileSync('getconf', ['CLK_TCK'], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'], timeout: 5_000 }).trim());
+    } catch {
+      ticksPerSecond = 100;
+    }
+    if (!Number.isFinite(ticksPerSecond) || ticksPerSecond <= 0) ticksPerSecond = 100;
+  }
+  return ticksPerSecond;
+}
+
+/** When process `pid` started, in ms since the epoch; null when no such process runs, undefined when this platform cannot tell. */
+export function processStartedAt(pid: number): number | null | undefined {
+  if (!Number.isInteger(pid) || pid < 1) return null;
+  if (hasProc()) {
+    const ticks = Number(statFields(pid)?.[19]);
+    if (!Number.isFinite(ticks)) return null;
+    const uptimeSeconds = Number(readFileSync('/proc/uptime', 'utf8').split(' ')[0]);
+    return Date.now() - (uptimeSeconds - ticks / clockTicks()) * 1000;
+  }
+  const start = psField(pid, 'lstart');
+  if (start === undefined) return undefined;
+  if (start === null) return null;
+  const parsed = Date.parse(`${start} UTC`);
+  return Number.isNaN(parsed) ? undefined : parsed;
+}
+
+/**
+ * How far a process's start, read now, may lie after the moment a record it wrote says: /proc's times
+ * are counted since boot and turned into wall-clock time here (rounding, a coarse file clock, the wall
+ * clock's slewing since), `ps` rounds to the second. A pid that came round within this much of the
+ * record's writing would pass for the recorded process; nothing else does.
+ */
+const START_TOLERANCE_MS = 1_000;
+
+/**
+ * Whether process `pid` runs and started no later than `writtenAtMs`, when a record naming it by its pid
+ * alone was written while it ran (see the header).
+ */
+export function matchStartedBy(pid: number, writtenAtMs: number): ProcessMatch {
+  const startedAt = processStartedAt(pid);
+  if (startedAt === undefined) return 'unknown';
+  if (startedAt === null) return 'gone';
+  return startedAt <= writtenAtMs + START_TOLERANCE_MS ? 'running' : 'gone';
 }
 
 /** The process group this process belongs to; null when this platform cannot tell. */

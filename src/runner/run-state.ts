@@ -16,14 +16,14 @@
  * A record that cannot be read (not JSON, not a record) is damaged: `scan` lists it apart, and the daemon
  * leaves that run alone (quarantined) while the others go on.
  */
-import { existsSync, readFileSync, readdirSync, rmSync } from 'node:fs';
+import { existsSync, readFileSync, readdirSync, rmSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { z } from 'zod';
 import { RunManifest, RunOutcome } from '../protocol/runner.js';
 import { assertNever } from '../domain/errors.js';
 import { writeFileAtomic, type RunnerHome } from './home.js';
 import { errorText, stderrLog, type Log } from './log.js';
-import { matchProcess, ownProcessGroup, type ProcessIdentity } from './process-identity.js';
+import { matchProcess, matchStartedBy, ownProcessGroup, type ProcessIdentity } from './process-identity.js';
 
 export const RunPhase = z.enum(['executing', 'finished', 'synced']);
 export type RunPhase = z.infer<typeof RunPhase>;
@@ -61,17 +61,19 @@ export interface GroupRecord {
   path: string;
   pgid: number;
   leader: ProcessIdentity | null;
+  /** When the file was written (its mtime): a record without the leader's identity is checked by it. */
+  writtenAtMs: number;
 }
 
 /** Parses a group file as local-workspace.ts writes it: the pid, then `boot <id>` and `start <time>` lines. */
-export function parseGroupRecord(path: string, text: string): GroupRecord | null {
+export function parseGroupRecord(path: string, text: string, writtenAtMs: number): GroupRecord | null {
   const [first, ...rest] = text.split('\n');
   const pgid = Number(first?.trim());
   if (!Number.isInteger(pgid) || pgid <= 1) return null;
   const fields = new Map(rest.map((line) => [line.slice(0, line.indexOf(' ')), line.slice(line.indexOf(' ') + 1).trim()] as const));
   const start = fields.get('start');
   const boot = fields.get('boot');
-  return { path, pgid, leader: start ? { pid: pgid, start, ...(boot ? { boot } : {}) } : null };
+  return { path, pgid, leader: start ? { pid: pgid, start, ...(boot ? { boot } : {}) } : null, writtenAtMs };
 }
 
 export class RunRecords {
@@ -154,7 +156,7 @@ export class RunRecords {
     for (const entry of readdirSync(dir)) {
       const path = join(dir, entry);
       try {
-        const record = parseGroupRecord(path, readFileSync(path, 'utf8'));
+        const record = parseGroupRecord(path, readFileSync(path, 'utf8'), statSync(path).mtimeMs);
         if (record) records.push(record);
       } catch {
         // removed meanwhile: that group is gone
@@ -170,19 +172,20 @@ export class RunRecords {
 
   /**
    * Stops every process group the run recorded whose leader still runs, and waits (bounded) until they
-   * are gone; answers how many it stopped. A record whose leader is gone is stale and only dropped; one
-   * that cannot be checked (written without an identity, or on a platform that cannot tell) is left
-   * running with a log line, and so is the runner's own group.
+   * are gone; answers how many it stopped. The leader is the recorded one when its identity matches, or,
+   * for a record written without one, when it started before the record was written
+   * (process-identity.ts). A record whose leader is gone is stale and only dropped; one that cannot be
+   * checked (a platform that cannot tell) is left running with a log line, and so is the runner's own group.
    */
   async stopGroups(runId: string): Promise<number> {
     const own = ownProcessGroup();
     let stopped = 0;
-    for (const { pgid, leader, path } of this.groupRecords(runId)) {
+    for (const { pgid, leader, path, writtenAtMs } of this.groupRecords(runId)) {
       if (pgid === own || pgid === process.pid) {
         this.log(`run ${runId}: ${path} names the runner's own process group ${pgid}; not stopped`);
         continue;
       }
-      const match = leader ? matchProcess(leader) : 'unknown';
+      const match = leader ? matchProcess(leader) : matchStartedBy(pgid, writtenAtMs);
       switch (match) {
         case 'running':
           await stopGroup(pgid);
@@ -191,7 +194,7 @@ export class RunRecords {
         case 'gone':
           break;
         case 'unknown':
-          this.log(`run ${runId}: process group ${pgid} (${path}) cannot be checked on this computer${leader ? '' : ' (recorded without its start time)'}; it is not stopped`);
+          this.log(`run ${runId}: process group ${pgid} (${path}) cannot be checked on this computer; it is not stopped`);
           break;
         default:
           assertNever(match);
