@@ -5,6 +5,7 @@
  */
 import { createHash, randomUUID } from 'node:crypto';
 import { appendFileSync, mkdtempSync, readFileSync } from 'node:fs';
+import type { FileHandle } from 'node:fs/promises';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
@@ -57,6 +58,8 @@ class JournalPeer {
   readonly refusals = new Map<string, BatchError[]>();
   /** Drops the connection of these /events requests (by number, from 1) without answering. */
   readonly dropRequests = new Set<number>();
+  /** Refuses a whole /events request holding a batch of one of these runs, as a 400 naming no run. */
+  readonly poisoned = new Set<string>();
   private readonly staged = new Map<string, Buffer[]>();
   private server: Server | null = null;
   baseUrl = '';
@@ -85,6 +88,7 @@ class JournalPeer {
       this.bodies.push(text);
       if (this.dropRequests.has(this.bodies.length)) return void request.socket.destroy();
       const { batches } = JSON.parse(text) as { batches: Array<{ runId: string; firstSequence: number; events: unknown[] }> };
+      if (batches.some((batch) => this.poisoned.has(batch.runId))) return answer(400, { error: { code: 'validation_failed', message: 'the request holds an event the server cannot read' } });
       answer(200, { results: batches.map((batch) => this.accept(batch)) });
     });
     await new Promise<void>((resolve) => this.server!.listen(0, '127.0.0.1', resolve));
@@ -190,6 +194,70 @@ describe('the outbox on disk', () => {
     expect(await reopened.append(event(2))).toBe(2);
     await reopened.close();
     expect(readFileSync(join(dir, 'events.jsonl'), 'utf8').split('\n')).toEqual([entryLine(1, event(1)), entryLine(2, event(2)), '']);
+  });
+
+  it('checks each line whole on reopening: a last line that is not JSON is cut off, a torn write in front of an entry is dropped, damage before entries is refused', async () => {
+    const dir = tempDir();
+    const path = join(dir, 'events.jsonl');
+    const outbox = await openOutbox(dir, 0);
+    await outbox.append(event(1));
+    await outbox.close();
+    // The right shape at both ends, but not JSON: never a whole entry, so never sent.
+    appendFileSync(path, '{"sequence":2,"event":{"kind":"message","data":{"text":"ste}\n');
+    const reopened = await openOutbox(dir, 0);
+    expect(reopened.pending().map((entry) => entry.line)).toEqual([entryLine(1, event(1))]);
+    expect(await reopened.append(event(2))).toBe(2);
+    await reopened.close();
+    expect(readFileSync(path, 'utf8')).toBe(`${entryLine(1, event(1))}\n${entryLine(2, event(2))}\n`);
+
+    // An older runner appended the retry of a torn write right behind its bytes.
+    appendFileSync(path, `{"sequence":3,"event":{"kind":"mes${entryLine(3, event(3))}\n`);
+    const repaired = await openOutbox(dir, 0);
+    expect(repaired.pending().map((entry) => entry.sequence)).toEqual([1, 2, 3]);
+    await repaired.close();
+    expect(readFileSync(path, 'utf8')).toBe([1, 2, 3].map((n) => `${entryLine(n, event(n))}\n`).join(''));
+
+    appendFileSync(path, `{"sequence":4,"event":{"kind":"mes}\n${entryLine(5, event(5))}\n`);
+    await expect(RunOutbox.open(dir, 0)).rejects.toMatchObject({ name: 'OutboxCorruptError' });
+    expect(() => RunOutbox.inspect(dir)).toThrow(/line 4 is not a whole/);
+  });
+
+  it('cuts a write that fails part-way back to the last whole line, and refuses appends once that cannot be done', async () => {
+    const dir = tempDir();
+    const path = join(dir, 'events.jsonl');
+    const outbox = await openOutbox(dir, 0);
+    await outbox.append(event(1));
+    // The disk fills up in the middle of the next line: half of it reaches the file.
+    const handle = (outbox as unknown as { handle: FileHandle }).handle;
+    const appendFile = handle.appendFile.bind(handle);
+    const full = Object.assign(new Error('ENOSPC: no space left on device, write'), { code: 'ENOSPC' });
+    const tornWrite = async (data: string | Uint8Array) => {
+      await appendFile(String(data).slice(0, 20));
+      throw full;
+    };
+    handle.appendFile = tornWrite;
+    await expect(outbox.append(event(2))).rejects.toBe(full);
+    expect(readFileSync(path, 'utf8')).toBe(`${entryLine(1, event(1))}\n`);
+    expect(outbox.lastSequence).toBe(1);
+    handle.appendFile = appendFile;
+    expect(await outbox.append(event(2))).toBe(2);
+    expect(readFileSync(path, 'utf8')).toBe(`${entryLine(1, event(1))}\n${entryLine(2, event(2))}\n`);
+
+    // Cutting back fails too: nothing more is written behind the torn bytes until a reopen repairs them.
+    const truncate = handle.truncate.bind(handle);
+    handle.appendFile = tornWrite;
+    handle.truncate = async () => {
+      throw full;
+    };
+    await expect(outbox.append(event(3))).rejects.toBe(full);
+    handle.appendFile = appendFile;
+    handle.truncate = truncate;
+    await expect(outbox.append(event(3))).rejects.toMatchObject({ name: 'OutboxBrokenError' });
+    await outbox.close();
+    const reopened = await openOutbox(dir, 0);
+    expect(reopened.pending().map((entry) => entry.sequence)).toEqual([1, 2]);
+    expect(await reopened.append(event(3))).toBe(3);
+    expect(readFileSync(path, 'utf8')).toBe([1, 2, 3].map((n) => `${entryLine(n, event(n))}\n`).join(''));
   });
 
   it('replaces an event over 32 MiB before writing it, keeping its kind and shape', async () => {
@@ -334,5 +402,26 @@ describe('uploading the outbox', () => {
     expect(await abandoned).toMatchObject({ name: 'UploadAbandonedError' });
     expect(outboxes[2]!.pending()).toHaveLength(1);
     expect(peer.journal(refused)).toEqual([JSON.stringify(event(1))]);
+  });
+
+  it("sends each run's batch alone after a whole request is refused for what it holds: only the run that causes it waits", async () => {
+    const peer = await startPeer();
+    const [poisoned, fine] = [randomUUID(), randomUUID()];
+    peer.poisoned.add(poisoned);
+    const outboxes = await Promise.all([0, 1].map(() => openOutbox(tempDir(), 0)));
+    for (const outbox of outboxes) await outbox.append(event(1));
+    const { uploader, fatal } = uploaderFor(peer, { random: () => 0.5 });
+    uploader.add({ runId: poisoned, generation: 1, outbox: outboxes[0]! });
+    uploader.add({ runId: fine, generation: 1, outbox: outboxes[1]! });
+    await uploader.whenDelivered(fine);
+    const runsOf = (body: string) => (JSON.parse(body) as { batches: Array<{ runId: string }> }).batches.map((batch) => batch.runId);
+    expect(runsOf(peer.bodies[0]!)).toEqual([poisoned, fine]);
+    // Later events of the other run go on being delivered, while the refused one keeps its own.
+    await outboxes[1]!.append(event(2));
+    await uploader.whenDelivered(fine);
+    expect(peer.journal(fine)).toEqual([1, 2].map((n) => JSON.stringify(event(n))));
+    expect(outboxes[0]!.pending()).toHaveLength(1);
+    expect(peer.journal(poisoned)).toEqual([]);
+    expect(fatal).toEqual([]);
   });
 });
