@@ -167,8 +167,8 @@ describe.each(testDrivers)('environments catching up on %s', (driver) => {
   useTestApi(driver, (ready) => ({ api, tenant } = ready));
 
   /** A commit on the code host's main, as a merge would make it. */
-  const landOnMain = (fullName: string, files: Record<string, string>) => {
-    const bare = join(api.dataDir, 'codehost', tenant.workspace.id, `${fullName}.git`);
+  const landOnMain = (fullName: string, files: Record<string, string>, workspaceId = tenant.workspace.id) => {
+    const bare = join(api.dataDir, 'codehost', workspaceId, `${fullName}.git`);
     const work = mkdtempSync(join(tmpdir(), 'svc-land-'));
     gitIn(tmpdir(), 'clone', '--quiet', bare, work);
     for (const [file, content] of Object.entries(files)) writeFileSync(join(work, file), content);
@@ -206,5 +206,32 @@ describe.each(testDrivers)('environments catching up on %s', (driver) => {
     // Nothing new: a sweep changes nothing.
     await api.environments.sweep();
     expect(api.environments.current(tenant.workspace.id)!.version).toBe(current.version);
+  });
+
+  /** The environment's config with `spec` added to (or replacing) its repositories, as an operator edits it. */
+  const withRepository = (workspaceId: string, spec: { name: string; dir: string; setup: string[] }): string => {
+    const config = parseEnvironmentConfig(api.environments.current(workspaceId)!.record.config);
+    return JSON.stringify({ ...config, repositories: [...config.repositories.filter((entry) => entry.dir !== spec.dir), spec] });
+  };
+
+  it('records the commit a setup ran on when the repository is connected with its setup', async () => {
+    const db = api.db.database.db;
+    const { workspace } = await api.newTenant();
+    await api.environments.ensure(workspace);
+    // The config names the repository's setup before it is connected, so connecting runs it.
+    await api.environments.setConfig(workspace, withRepository(workspace.id, { name: 'acme/web', dir: 'web', setup: ['touch ../installed-web'] }));
+    const { setup } = await addRepository(db, api.environments, { workspace: workspace.name, source: sampleRepository('web'), fullName: 'acme/web', setup: true });
+    expect(setup.map((result) => result.passed)).toEqual([true]);
+    const connected = api.environments.current(workspace.id)!;
+    expect(connected.record.heads.web).toMatch(/^[0-9a-f]{40}$/);
+    expect(connected.record.setups.web).toMatchObject({ passed: true, head: connected.record.heads.web });
+
+    // So a merge that changes its manifest makes the setup due again.
+    landOnMain('acme/web', { 'package.json': '{"name":"web","version":"2.0.0"}\n' }, workspace.id);
+    await api.environments.sweep();
+    const current = api.environments.current(workspace.id)!;
+    expect(current.record.reason).toBe('Setup web');
+    expect(current.record.setups.web).toMatchObject({ passed: true, head: current.record.heads.web });
+    expect(current.record.setups.web!.head).not.toBe(connected.record.setups.web!.head);
   });
 });

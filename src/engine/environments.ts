@@ -466,9 +466,18 @@ async function runSetups(change: EnvironmentChange, specs: readonly RepositorySp
       results.push({ repository: spec.name, command, passed, exitCode: result.exitCode, outputTail: result.stdout.trimEnd().split('\n').slice(-20).join('\n') });
       if (!passed) break;
     }
-    change.setups[spec.dir] = { head: change.base.record.heads[spec.dir] ?? null, commands: spec.setup, passed, ranAt: new Date().toISOString() };
+    // The commit it ran on is the working copy's in this change: a repository connected in the same
+    // change has no head in the base yet, and one that lacked it would never be found due again.
+    change.setups[spec.dir] = { head: await headIn(change.fork, spec.dir), commands: spec.setup, passed, ranAt: new Date().toISOString() };
   }
   return results;
+}
+
+/** The checked-out commit of a repository of the fork, read inside the sandbox; null when there is none. */
+async function headIn(fork: Fork, dir: string): Promise<string | null> {
+  const result = await fork.run(['git', '-C', dir, 'rev-parse', '-q', '--verify', 'HEAD'], { readOnly: true, timeoutMs: 60_000 });
+  const head = result.stdout.trim();
+  return result.exitCode === 0 && /^[0-9a-f]{40}$/.test(head) ? head : null;
 }
 
 /** A file of the fork read inside the sandbox, or null when it is not a regular file. */
