@@ -76,24 +76,28 @@ const securityOf = (name: string) =>
           : [{ bearerAuth: [] }, { sessionCookie: [] }];
 const isRunnerRoute = (name: string) => securityOf(name).some((scheme) => 'runnerCredential' in scheme);
 
-/** A runner connection's credential, enrolled through the engine as `svc runner pair` would. */
-async function runnerCredentialOf(api: TestApi): Promise<string> {
+/** A new user's runner connection, enrolled through the engine as `svc runner pair` would. */
+async function enrolledRunnerOf(api: TestApi): Promise<{ userId: string; runnerId: string; credential: string }> {
   const db = api.db.database.db;
   const email = `probe-${randomBytes(4).toString('hex')}@example.com`;
   const { user } = await db.transaction((tx) => findOrCreateAccount(tx, { email, defaultAgent: DEFAULT_AGENT }));
   const verifier = randomBytes(32).toString('base64url');
   const { pairingCode } = await createPairing(db, { userId: user.id, challenge: challengeOf(verifier) });
   const credential = `service_runner_${randomBytes(32).toString('base64url')}`;
-  await enroll(db, { pairingCode, verifier, credential, name: 'probe' });
-  return credential;
+  const { runnerId } = await enroll(db, { pairingCode, verifier, credential, name: 'probe' });
+  return { userId: user.id, runnerId, credential };
 }
-/** A workspace shell token for the tenant's workspace, granted as a local run of one of its members would get it. */
+const runnerCredentialOf = async (api: TestApi): Promise<string> => (await enrolledRunnerOf(api)).credential;
+/**
+ * A workspace shell token for the tenant's workspace, granted as a local run of one of its members would
+ * get it: to the member's runner connection, which must stay live for the token to work.
+ */
 async function shellTokenOf(api: TestApi, workspaceId: string): Promise<string> {
   const db = api.db.database.db;
-  const { user } = await db.transaction((tx) => findOrCreateAccount(tx, { email: `shell-${randomBytes(4).toString('hex')}@example.com`, defaultAgent: DEFAULT_AGENT }));
-  await addMembership(db, { workspaceId, userId: user.id, role: 'member' });
+  const { userId, runnerId } = await enrolledRunnerOf(api);
+  await addMembership(db, { workspaceId, userId, role: 'member' });
   const token = `${SSH_TOKEN_PREFIX}${randomBytes(32).toString('base64url')}`;
-  await db.insert(workspaceSshGrants).values({ tokenHash: hashShellToken(token), userId: user.id, workspaceId, expiresAt: new Date(Date.now() + 60 * 60_000) });
+  await db.insert(workspaceSshGrants).values({ tokenHash: hashShellToken(token), userId, workspaceId, runnerId, expiresAt: new Date(Date.now() + 60 * 60_000) });
   return token;
 }
 
