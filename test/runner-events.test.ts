@@ -216,6 +216,25 @@ describe.each(testDrivers)('runner events on %s', (driver) => {
     expect((await journal(owner, task.id)).map((event) => event.kind)).toEqual(['tool_result']);
   });
 
+  it('drops every part a run staged when a new generation claims it and when its receipt ends it', async () => {
+    const { owner, runner } = await setup();
+    const { job } = await localTask(owner, runner);
+    const lost = await claim(runner, job.id);
+    const { ref, parts } = staged(1, big('unsent'));
+    const stageFirst = (generation: number) =>
+      runner.request('POST', `/api/v1/runners/runs/${job.id}/event-parts`, { generation, sequence: 1, part: 0, data: parts[0]!.toString('base64'), ref });
+    expect((await stageFirst(lost)).statusCode).toBe(200);
+    expect(await partsOf(job.id)).toHaveLength(1);
+    // A restarted runner claims its executing run again: the old generation's part can never be an event.
+    const generation = await claim(runner, job.id);
+    expect(await partsOf(job.id)).toEqual([]);
+    // The run stops with a part still staged (its output was discarded): the receipt ends the run and its parts.
+    expect((await stageFirst(generation)).statusCode).toBe(200);
+    const receipt = await runner.request('POST', `/api/v1/runners/runs/${job.id}/complete`, { generation, lastSequence: 0, processStopped: true, outcome: { status: 'failed', error: 'stopped' } });
+    expect(receipt.json()).toMatchObject({ status: 'FAILED' });
+    expect(await partsOf(job.id)).toEqual([]);
+  });
+
   it('lets the next run of a task execute only after the receipt of a cancelled run its runner still holds', async () => {
     const { owner, runner } = await setup();
     const { task, job } = await localTask(owner, runner);

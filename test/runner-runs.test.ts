@@ -315,6 +315,23 @@ describe.each(testDrivers)('runner runs on %s', (driver) => {
     expect((await runner.request('POST', `/api/v1/runners/runs/${job.id}/wake`, { generation })).json()).toMatchObject({ started: false, retry: false });
   });
 
+  it('settles an async answer by its id: once reported delivered, a later report that it was not queues no follow-up', async () => {
+    const { owner, runner } = await setup();
+    const { task, job } = await localTask(owner, runner);
+    const generation = await claim(runner, job.id);
+    const questions = [{ id: 'a', question: 'Name it?', options: [], multiple: false, allowCustom: true }];
+    await events(runner, [{ runId: job.id, generation, firstSequence: 1, events: [{ kind: 'async_question', data: { requestId: 'item-1', questions } }] }]);
+    expect((await owner.request('POST', `/api/v1/tasks/${task.id}/questions/item-1`, { text: 'Call it svc' })).statusCode).toBe(200);
+    const [control] = (await runner.request('GET', `/api/v1/runners/runs/${job.id}/controls?after=0`)).json().controls;
+    const result = (delivered: boolean) => ({ kind: 'async_question_answer_result', data: { id: control.message.id, delivered } });
+    // Delivered to the run; then the same answer reported undelivered (a runner that lost its own dedupe).
+    expect((await events(runner, [{ runId: job.id, generation, firstSequence: 2, events: [result(true)] }])).json().results).toEqual([{ runId: job.id, acknowledgedSequence: 2 }]);
+    expect((await events(runner, [{ runId: job.id, generation, firstSequence: 3, events: [result(false)] }])).json().results).toEqual([{ runId: job.id, acknowledgedSequence: 3 }]);
+    const jobs = (await owner.request('GET', `/api/v1/tasks/${task.id}/jobs`)).json().jobs as Array<{ id: string; input: string }>;
+    expect(jobs.map((item) => item.id)).toEqual([job.id]);
+    expect((await runner.request('GET', '/api/v1/runners/runs')).json().runs.map((run: { input: string }) => run.input)).not.toContain('Call it svc');
+  });
+
   it('delivers an async answer as a control to a runner that takes them, as a follow-up otherwise (once, never to a cancelled task); answers review requests', async () => {
     const { owner, runner } = await setup();
     const { task, job } = await localTask(owner, runner);

@@ -24,8 +24,9 @@ const NAME_PART = /^[A-Za-z0-9_.-]{1,100}$/;
 const NETWORK_URL = /^(?:(?:https?|ssh|git):\/\/|[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:)/;
 
 /**
- * A remote URL the server may see: network URLs only (never a path on this computer), without the user
- * and password an https URL may carry (a token, often). Null for anything else.
+ * A remote URL the server may see: network URLs only (never a path on this computer), without a password
+ * (ssh:// and git:// URLs keep their user, `git` as a rule), and without the user of an https URL too (a
+ * token, often). Null for anything else.
  */
 export function publicRemoteUrl(url: string): string | null {
   const trimmed = url.trim();
@@ -37,7 +38,16 @@ export function publicRemoteUrl(url: string): string | null {
     parsed.password = '';
     return parsed.toString().replace(/\/$/, '');
   }
-  return trimmed;
+  const scheme = /^(?:ssh|git):\/\//.exec(trimmed);
+  if (!scheme) return trimmed;
+  // Taken apart by hand, not by URL, which would rewrite the rest of a non-special URL's text.
+  const rest = trimmed.slice(scheme[0].length);
+  const authorityEnd = rest.search(/[/?#]/);
+  const authority = authorityEnd === -1 ? rest : rest.slice(0, authorityEnd);
+  const at = authority.lastIndexOf('@');
+  if (at === -1) return trimmed;
+  const user = authority.slice(0, at).split(':')[0];
+  return `${scheme[0]}${user ? `${user}@` : ''}${authority.slice(at + 1)}${rest.slice(authority.length)}`;
 }
 
 /** `owner/repo` from a remote URL's last two path segments, or null. */
@@ -93,11 +103,11 @@ function registrationFields(project: LocalProject) {
   return {
     id: project.id,
     name: project.name,
-    repositories: project.repositories.map(({ name, remoteUrl, defaultBranch }) => ({
-      name,
-      ...(remoteUrl ? { remoteUrl } : {}),
-      ...(defaultBranch ? { defaultBranch } : {}),
-    })),
+    repositories: project.repositories.map(({ name, remoteUrl, defaultBranch }) => {
+      // Again here: a project list written by an older runner may hold a URL with its password.
+      const sent = remoteUrl ? publicRemoteUrl(remoteUrl) : null;
+      return { name, ...(sent ? { remoteUrl: sent } : {}), ...(defaultBranch ? { defaultBranch } : {}) };
+    }),
   };
 }
 

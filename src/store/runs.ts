@@ -212,11 +212,12 @@ export async function dropEventParts(tx: Db, jobId: string, sequence: number): P
 }
 
 /**
- * Drops every part staged for the runs given: a new generation claimed the run, or the run ended (its
- * receipt, or a reconnect that finalized it), and nothing staged before can become an event.
+ * Drops every part staged for a run, of any event and generation: a new generation claimed the run, or
+ * the run ended (its receipt, or a reconnect that finalized it), and nothing staged before can become an
+ * event. Wherever a local run finishes or is finalized, its parts go with this.
  */
-export async function dropStagedParts(tx: Db, jobIds: readonly string[]): Promise<void> {
-  if (jobIds.length > 0) await tx.delete(eventParts).where(inArray(eventParts.jobId, [...jobIds]));
+export async function dropEventPartsOfJob(tx: Db, jobId: string): Promise<void> {
+  await tx.delete(eventParts).where(eq(eventParts.jobId, jobId));
 }
 
 // ---- Requests to the owner ----
@@ -240,11 +241,12 @@ export async function findLocalRequest(db: Db, taskId: string, requestId: string
 }
 
 /**
- * The async question whose answer (by the id its control carried) the runner could not deliver, marked
- * with what became of the answer (`via`: a `follow-up`, or `dropped`). Only an answer still marked as
- * sent by control is taken: a repeated report finds nothing, so that the answer is acted on once.
+ * Settles the answer an `async_question_answer` control carried (by its id), once the runner reports what
+ * became of it: `delivered` to the run, or not delivered and so sent as a `follow-up`, or `dropped`. Only
+ * an answer still marked as sent by control is settled, and the first report settles it: a repeated or
+ * contradicting report of the same answer id finds nothing (null), so that no answer is delivered twice.
  */
-export async function takeUndeliveredAnswer(tx: Db, taskId: string, answerId: string, via: 'follow-up' | 'dropped'): Promise<LocalRequestRow | null> {
+export async function settleControlAnswer(tx: Db, taskId: string, answerId: string, via: 'delivered' | 'follow-up' | 'dropped'): Promise<LocalRequestRow | null> {
   const [row] = await tx
     .update(localRequests)
     .set({ answer: sql`${localRequests.answer} || jsonb_build_object('via', ${via}::text)` })

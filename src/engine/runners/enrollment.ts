@@ -57,7 +57,7 @@ import {
   type RunnerRow,
   type RunnerWithPresence,
 } from '../../store/runners.js';
-import { clearPendingPermissions, dropStagedParts, lockRunnerRun } from '../../store/runs.js';
+import { clearPendingPermissions, dropEventPartsOfJob, lockRunnerRun } from '../../store/runs.js';
 import { findMembership, findPersonalWorkspace } from '../../store/users.js';
 import { finishLockedJob } from '../jobs.js';
 
@@ -283,8 +283,10 @@ async function finalizeClaimedRuns(tx: Db, runnerId: string): Promise<string[]> 
     finalized.push(job.id);
   }
   const ended = [...finalized, ...(await releaseCancelledRuns(tx, runnerId))];
-  for (const jobId of ended) await clearPendingPermissions(tx, jobId);
-  await dropStagedParts(tx, ended);
+  for (const jobId of ended) {
+    await clearPendingPermissions(tx, jobId);
+    await dropEventPartsOfJob(tx, jobId);
+  }
   return finalized;
 }
 

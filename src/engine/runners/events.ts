@@ -36,7 +36,7 @@ import {
 import type { Db } from '../../store/db.js';
 import { appendEvents, appendLocked, lockJournal, planAppend, type AppendResult, type JournalEvent } from '../../store/journal.js';
 import type { RunnerRow } from '../../store/runners.js';
-import { dropEventParts, findTaskRow, heldByRunner, insertLocalRequest, lockRunnerRun, stagedParts, stageEventPart, storedEventCount, takeUndeliveredAnswer } from '../../store/runs.js';
+import { dropEventParts, findTaskRow, heldByRunner, insertLocalRequest, lockRunnerRun, settleControlAnswer, stagedParts, stageEventPart, storedEventCount } from '../../store/runs.js';
 import { queueFollowUp } from '../tasks.js';
 import { answerRestartsTask, decodeBase64 } from './owner.js';
 import { RUN_NOT_FOUND } from './runs.js';
@@ -231,13 +231,18 @@ async function actOn(tx: Db, job: { id: string; taskId: string }, fresh: Readonl
       }
       case 'async_question_answer_result': {
         const data = AnswerResultData.parse(event.data);
-        if (data.delivered) break;
+        // Delivered: settled, so that a later report of the same answer (a runner that lost its own
+        // dedupe, say) cannot make it a follow-up too.
+        if (data.delivered) {
+          await settleControlAnswer(tx, job.taskId, data.id, 'delivered');
+          break;
+        }
         // The turn had ended: the answer goes to the task as a follow-up (once, however often this is
         // reported), as for older runners. The upload locked the task.
         const task = await findTaskRow(tx, job.taskId);
         if (!task) break;
         const restarts = answerRestartsTask(task);
-        const request = await takeUndeliveredAnswer(tx, job.taskId, data.id, restarts ? 'follow-up' : 'dropped');
+        const request = await settleControlAnswer(tx, job.taskId, data.id, restarts ? 'follow-up' : 'dropped');
         const text = (request?.answer as { text?: string } | null)?.text;
         if (text && restarts) await queueFollowUp(tx, task, { body: text, userIntent: null });
         break;

@@ -17,7 +17,7 @@ import { bumpWorkVersion, touchRunner, type RunnerRow } from '../../store/runner
 import {
   clearPendingPermissions,
   controlsAfter,
-  dropStagedParts,
+  dropEventPartsOfJob,
   findMessage,
   findRunnerRun,
   heldByRunner,
@@ -127,7 +127,7 @@ export async function claimRun(db: Db, runner: RunnerRow, runId: string): Promis
       })
       .where(eq(jobs.id, job.id))
       .returning();
-    await dropStagedParts(tx, [job.id]);
+    await dropEventPartsOfJob(tx, job.id);
     if (job.status === 'PENDING') await updateTask(tx, task.id, { status: 'IN_PROGRESS' }, taskStatesInto('IN_PROGRESS'));
     return { job: updated!, task };
   });
@@ -204,7 +204,7 @@ export async function completeRun(db: Db, runner: RunnerRow, runId: string, body
       const nativeMode = body.outcome.nativeMode ?? message?.metadata?.nativeMode ?? task.nativeMode;
       ended = await finishLockedJob(tx, job, resultOf(body.outcome, nativeMode), { runnerState: null, parked: body.outcome.parked ?? false });
     }
-    await dropStagedParts(tx, [job.id]);
+    await dropEventPartsOfJob(tx, job.id);
     await bumpWorkVersion(tx, runner.id);
     return statusOf(ended);
   });
