@@ -7,6 +7,8 @@ import { existsSync, mkdirSync, mkdtempSync, readdirSync, writeFileSync } from '
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
+import pino from 'pino';
+import { Environments } from '../src/engine/environments.js';
 import { addRepository } from '../src/engine/repositories.js';
 import { parseEnvironmentConfig } from '../src/sandbox/environment.js';
 import { EnvironmentStore, MAX_LAYERS, type EnvironmentChange } from '../src/sandbox/environment-versions.js';
@@ -213,6 +215,34 @@ describe.each(testDrivers)('environments catching up on %s', (driver) => {
     const config = parseEnvironmentConfig(api.environments.current(workspaceId)!.record.config);
     return JSON.stringify({ ...config, repositories: [...config.repositories.filter((entry) => entry.dir !== spec.dir), spec] });
   };
+
+  it('runs a due setup once when two processes update the environment at the same time', async () => {
+    const db = api.db.database.db;
+    const { workspace } = await api.newTenant();
+    await addRepository(db, api.environments, { workspace: workspace.name, source: sampleRepository('deps'), fullName: 'acme/deps', setup: false });
+    const install = 'n=$(cat ../installs 2>/dev/null || echo 0); echo $((n+1)) > ../installs';
+    await api.environments.setConfig(workspace, withRepository(workspace.id, { name: 'acme/deps', dir: 'deps', setup: [install] }));
+    await api.environments.setup(workspace.id, ['deps']);
+    const installs = async () => (await api.environments.readFile(workspace.id, 'installs'))?.trim();
+    expect(await installs()).toBe('1');
+
+    // This process finds the setup due after a merge; another process runs it before this one does.
+    landOnMain('acme/deps', { 'package.json': '{"name":"deps","version":"2.0.0"}\n' }, workspace.id);
+    const refreshed = (await api.environments.refresh(workspace.id))!;
+    const due = await api.environments.pendingSetups(workspace.id, refreshed);
+    expect(due).toEqual(['deps']);
+    const other = new Environments({ db, dataDir: api.dataDir, policy: { hiddenPaths: [api.dataDir], allowUnsandboxed: false }, logger: pino({ level: 'silent' }) });
+    try {
+      await other.update(workspace.id);
+    } finally {
+      await other.close();
+    }
+    expect(await installs()).toBe('2');
+    const { version, results } = await api.environments.setup(workspace.id, due, { onlyDue: true });
+    expect(results).toEqual([]);
+    expect(version.version).toBe(api.environments.current(workspace.id)!.version);
+    expect(await installs()).toBe('2');
+  });
 
   it('records the commit a setup ran on when the repository is connected with its setup', async () => {
     const db = api.db.database.db;

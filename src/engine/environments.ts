@@ -273,11 +273,18 @@ export class Environments {
    * Runs the setup commands of the repositories in `dirs` (default: every repository that has some) in a
    * change of the environment, with network (installing dependencies needs it), stopping at a repository's
    * first failure. The result is a new version either way: a failed setup is recorded, not hidden.
+   *
+   * `onlyDue` runs only the setups still due in the version the change is made from: a setup found due
+   * earlier may have been run meanwhile by another update (in this process or another), whose version
+   * this change is then applied on again, and installing twice is waste.
    */
-  async setup(workspaceId: string, dirs?: readonly string[]): Promise<{ version: EnvironmentVersion; results: SetupResult[] }> {
+  async setup(workspaceId: string, dirs?: readonly string[], options: { onlyDue?: boolean } = {}): Promise<{ version: EnvironmentVersion; results: SetupResult[] }> {
     const names = dirs ? dirs.join(', ') : 'every repository';
     const { version, result } = await this.change(workspaceId, `Setup ${names}`, async (change) => {
-      const specs = this.configOf(change.base).repositories.filter((spec) => spec.setup.length > 0 && (!dirs || dirs.includes(spec.dir)));
+      const due = options.onlyDue ? await this.pendingSetups(workspaceId, change.base) : null;
+      const specs = this.configOf(change.base).repositories.filter(
+        (spec) => spec.setup.length > 0 && (!dirs || dirs.includes(spec.dir)) && (!due || due.includes(spec.dir)),
+      );
       if (specs.length === 0) change.discard = true;
       return runSetups(change, specs, this.stopping.signal);
     });
@@ -307,7 +314,7 @@ export class Environments {
         if (!refreshed) return;
         const due = await this.pendingSetups(workspaceId, refreshed);
         if (due.length === 0) return;
-        const { results } = await this.setup(workspaceId, due);
+        const { results } = await this.setup(workspaceId, due, { onlyDue: true });
         const failed = results.filter((result) => !result.passed);
         const log = failed.length ? 'warn' : 'info';
         this.options.logger[log]({ workspaceId, results: results.map(({ repository, command, passed }) => ({ repository, command, passed })) }, 'environment setup ran after a change');
@@ -408,7 +415,7 @@ export class Environments {
     });
     const due = await this.pendingSetups(workspace.id, version);
     if (due.length === 0) return { version, setup: [] };
-    const ran = await this.setup(workspace.id, due);
+    const ran = await this.setup(workspace.id, due, { onlyDue: true });
     return { version: ran.version, setup: ran.results };
   }
 
