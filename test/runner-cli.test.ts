@@ -3,7 +3,7 @@
  * enrollment peer written here: projects registered without paths or credentials, one daemon per home,
  * one-line errors, status, pairing and reconnecting after a revocation.
  */
-import { execFileSync, spawnSync } from 'node:child_process';
+import { execFileSync, spawn, spawnSync } from 'node:child_process';
 import { createHash, randomUUID } from 'node:crypto';
 import { mkdirSync, mkdtempSync, statSync, writeFileSync } from 'node:fs';
 import { createServer, type Server } from 'node:http';
@@ -17,7 +17,7 @@ import { RunnerLockedError, acquireRunnerLock, lockHolder } from '../src/runner/
 import { RunOutbox } from '../src/runner/outbox.js';
 import { pair } from '../src/runner/pair.js';
 import { registrationOf } from '../src/runner/projects.js';
-import { RunRecords } from '../src/runner/run-state.js';
+import { RunRecords, groupExists } from '../src/runner/run-state.js';
 import { freePort, runSvc } from './support/processes.js';
 
 const SPAWN_TIMEOUT_MS = 120_000;
@@ -109,6 +109,13 @@ describe('svc runner project', () => {
     expect(made.code).toBe(0);
     expect(new RunnerHome(home).readProjects().map(registrationOf)).toEqual([{ id: expect.any(String), name: 'scratchpad', repositories: [] }]);
   });
+});
+
+/** A run as the server hands it out; the fields that matter are set by each test. */
+const manifestOf = (runId: string): RunManifest => ({
+  runId, taskId: randomUUID(), taskSlug: 't', title: 't', state: 'queued', generation: 0, type: 'SWE', mode: 'agent', projectId: randomUUID(),
+  harness: 'openai', model: 'gpt-5', effort: 'low', permissionMode: 'ask', nativeMode: null, input: 'x', metadata: null, history: [], sessionId: null,
+  resumeParked: false, eventsStored: 0, createdAt: new Date().toISOString(),
 });
 
 describe('svc runner start and status', () => {
@@ -233,14 +240,7 @@ describe('svc runner pair', () => {
     home.writeConnection(old);
     const records = new RunRecords(home);
     const runId = randomUUID();
-    records.write({
-      manifest: {
-        runId, taskId: randomUUID(), taskSlug: 't', title: 't', state: 'executing', generation: 1, type: 'SWE', mode: 'agent', projectId: randomUUID(),
-        harness: 'openai', model: 'gpt-5', effort: 'low', permissionMode: 'ask', nativeMode: null, input: 'x', metadata: null, history: [], sessionId: null,
-        resumeParked: false, eventsStored: 0, createdAt: new Date().toISOString(),
-      },
-      phase: 'executing',
-    });
+    records.write({ manifest: { ...manifestOf(runId), state: 'executing', generation: 1 }, phase: 'executing' });
     const shown: string[] = [];
     const options = { home, server: peer.baseUrl, name: 'laptop', env: {}, show: (line: string) => shown.push(line), readCode: async () => 'ACDE-FGHK' };
 
@@ -257,6 +257,43 @@ describe('svc runner pair', () => {
     expect(stored.credential).not.toBe(old.credential);
     expect(records.list()).toEqual([]);
     expect(lockHolder(home.lockFile)).toBeNull();
+  });
+
+  it('replaces a connection the server does not know under the daemon lock, stopping and dropping its runs', async () => {
+    const peer = await enrollmentPeer(null);
+    const home = new RunnerHome(tempDir('svc-cli-home-')).ensure();
+    const old = connection(peer.baseUrl);
+    home.writeConnection(old);
+    const records = new RunRecords(home);
+    const runId = randomUUID();
+    records.write({ manifest: { ...manifestOf(runId), state: 'executing', generation: 1 }, phase: 'executing' });
+    // What a crashed daemon left running for that run, and a run folder whose record is damaged.
+    const leftover = spawn('sleep', ['300'], { detached: true, stdio: 'ignore' });
+    try {
+      mkdirSync(records.groupsDirOf(runId), { recursive: true });
+      writeFileSync(join(records.groupsDirOf(runId), 'left.pid'), `${leftover.pid}\n`);
+      const damaged = randomUUID();
+      mkdirSync(records.dirOf(damaged), { recursive: true });
+      writeFileSync(join(records.dirOf(damaged), 'run.json'), '{"manifest":');
+      const options = { home, server: peer.baseUrl, name: 'laptop', env: {}, show: () => undefined, readCode: async () => 'ACDE-FGHK' };
+
+      const lock = acquireRunnerLock(home.lockFile, home.dir);
+      await expect(pair(options)).rejects.toThrow(RunnerLockedError);
+      lock.release();
+      expect(peer.enrollments).toEqual([]);
+      expect(groupExists(leftover.pid!)).toBe(true);
+
+      const result = await pair(options);
+      expect(result.reconnected).toBe(false);
+      expect(peer.enrollments[0]!.reconnect).toBeUndefined();
+      expect(home.readConnection()!.runnerId).toBe(peer.runnerId);
+      expect(home.readConnection()!.credential).not.toBe(old.credential);
+      expect(groupExists(leftover.pid!)).toBe(false);
+      expect(records.runIds()).toEqual([]);
+      expect(lockHolder(home.lockFile)).toBeNull();
+    } finally {
+      if (groupExists(leftover.pid!)) process.kill(-leftover.pid!, 'SIGKILL');
+    }
   });
 
   it('refuses to pair over a connection that is still active', async () => {

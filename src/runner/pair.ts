@@ -5,10 +5,11 @@
  * verifier and a credential it made itself, and keeps the connection in its home (0600).
  *
  * Pairing again after the user revoked the connection reconnects it: same runner id and project
- * identities, a new credential, `reconnect` naming the old one. That is only allowed while nothing of the
- * old connection runs here, which holding the daemon's lock (and stopping any process group a crashed
- * daemon left) makes sure of; the server then finalizes the old connection's claimed runs, so their local
- * records are dropped.
+ * identities, a new credential, `reconnect` naming the old one. Pairing anew replaces a connection the
+ * server no longer knows. Either is only allowed while nothing of the old connection runs here, which
+ * holding the daemon's lock (and stopping any process group a crashed daemon left) makes sure of; the old
+ * connection's local runs are dropped once the new one is enrolled (the server finalizes them on a
+ * reconnect; a new runner cannot report them).
  */
 import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
@@ -18,7 +19,7 @@ import { runnerPlatform, runnerVersion } from './about.js';
 import { RunnerClient, RunnerHttpError, type RunnerClientOptions } from './client.js';
 import { discoverCapabilities } from './discovery.js';
 import type { Connection, RunnerHome } from './home.js';
-import { acquireRunnerLock, type RunnerLock } from './lock.js';
+import { acquireRunnerLock } from './lock.js';
 import { errorText } from './log.js';
 import { registrationOf } from './projects.js';
 import { RunRecords } from './run-state.js';
@@ -85,13 +86,12 @@ export async function pair(options: PairOptions): Promise<PairResult> {
   const name = options.name?.trim() || hostname() || 'computer';
   const existing = home.readConnection();
   const mode = existing ? await previousConnection(options, existing) : 'replace';
-  let lock: RunnerLock | null = null;
-  if (mode === 'reconnect') {
-    lock = acquireRunnerLock(home.lockFile, home.dir);
-  }
+  // Reconnecting or replacing, nothing of the old connection may run meanwhile: a daemon holding the
+  // lock makes pairing fail, and what a crashed one left running is stopped.
+  const lock = acquireRunnerLock(home.lockFile, home.dir);
   try {
     const records = new RunRecords(home);
-    if (lock) for (const record of records.list()) await records.stopGroups(record.manifest.runId);
+    for (const runId of records.runIds()) await records.stopGroups(runId);
 
     const verifier = randomBytes(32).toString('base64url');
     options.show(pairingUrl(options.server, challengeOf(verifier), name));
@@ -126,10 +126,11 @@ export async function pair(options: PairOptions): Promise<PairResult> {
       heartbeatIntervalMs: receipt.heartbeatIntervalMs,
       enrolledAt: receipt.enrolledAt,
     });
-    // The server finalized the old connection's claimed runs: nothing of them is left to report.
-    if (mode === 'reconnect') for (const record of records.list()) records.remove(record.manifest.runId);
+    // Reconnecting, the server finalized the old connection's claimed runs; replacing, they belong to a
+    // runner the new credential cannot speak for. Either way nothing of them is left to report from here.
+    for (const runId of records.runIds()) records.remove(runId);
     return { receipt, reconnected: mode === 'reconnect' };
   } finally {
-    lock?.release();
+    lock.release();
   }
 }
