@@ -216,6 +216,11 @@ describe.each(testDrivers)('environments catching up on %s', (driver) => {
     return JSON.stringify({ ...config, repositories: [...config.repositories.filter((entry) => entry.dir !== spec.dir), spec] });
   };
 
+  /** The environments of another process on the same data dir and database. */
+  const otherProcess = () =>
+    new Environments({ db: api.db.database.db, dataDir: api.dataDir, policy: { hiddenPaths: [api.dataDir], allowUnsandboxed: false }, logger: pino({ level: 'silent' }) });
+  const environmentHead = (workspaceId: string) => api.environments.codeHost.resolve(workspaceId, 'svc/environment', 'refs/heads/main');
+
   it('runs a due setup once when two processes update the environment at the same time', async () => {
     const db = api.db.database.db;
     const { workspace } = await api.newTenant();
@@ -231,7 +236,7 @@ describe.each(testDrivers)('environments catching up on %s', (driver) => {
     const refreshed = (await api.environments.refresh(workspace.id))!;
     const due = await api.environments.pendingSetups(workspace.id, refreshed);
     expect(due).toEqual(['deps']);
-    const other = new Environments({ db, dataDir: api.dataDir, policy: { hiddenPaths: [api.dataDir], allowUnsandboxed: false }, logger: pino({ level: 'silent' }) });
+    const other = otherProcess();
     try {
       await other.update(workspace.id);
     } finally {
@@ -242,6 +247,59 @@ describe.each(testDrivers)('environments catching up on %s', (driver) => {
     expect(results).toEqual([]);
     expect(version.version).toBe(api.environments.current(workspace.id)!.version);
     expect(await installs()).toBe('2');
+  });
+
+  it('pushes a config edit to the code host only with the version that has it, also when another change published first', async () => {
+    const { workspace } = await api.newTenant();
+    await api.environments.ensure(workspace);
+    const before = await environmentHead(workspace.id);
+    const host = api.environments.codeHost;
+    const knownCommits = host.knownCommits.bind(host);
+    let calls = 0;
+    // Another process publishes a version while the edit is being committed: the edit's first version
+    // loses, and the edit is made again on the newer one.
+    host.knownCommits = async (...args: Parameters<typeof knownCommits>) => {
+      if (calls++ === 0) {
+        await api.environments.store(workspace.id).change('Another change', async (change) => {
+          expect((await change.fork.run(['sh', '-c', 'echo x > .git/another-change'], { timeoutMs: 20_000 })).exitCode).toBe(0);
+        });
+      }
+      return knownCommits(...args);
+    };
+    try {
+      const config = parseEnvironmentConfig(api.environments.current(workspace.id)!.record.config);
+      await api.environments.setConfig(workspace, JSON.stringify({ ...config, network: true }));
+    } finally {
+      host.knownCommits = knownCommits;
+    }
+    expect(calls).toBe(2);
+    const current = api.environments.current(workspace.id)!;
+    expect(current.record.reason).toBe('Edit the environment config');
+    expect(parseEnvironmentConfig(current.record.config).network).toBe(true);
+    // The code host has one commit more, the one the published version has checked out.
+    expect(await environmentHead(workspace.id)).toBe(current.record.heads['.']);
+    const bare = join(api.dataDir, 'codehost', workspace.id, 'svc/environment.git');
+    expect(gitIn(bare, 'rev-list', '--count', `${before}..main`).trim()).toBe('1');
+  });
+
+  it('leaves the code host as it was when connecting a repository fails before its version is published', async () => {
+    const db = api.db.database.db;
+    const { workspace } = await api.newTenant();
+    await api.environments.ensure(workspace);
+    await api.environments.setConfig(workspace, withRepository(workspace.id, { name: 'acme/slow', dir: 'slow', setup: ['touch ../setup-started && exec sleep 600'] }));
+    const before = { head: await environmentHead(workspace.id), version: api.environments.current(workspace.id)!.version };
+    const other = otherProcess();
+    const connecting = addRepository(db, other, { workspace: workspace.name, source: sampleRepository('slow'), fullName: 'acme/slow', setup: true });
+    connecting.catch(() => undefined);
+    // The setup runs (in the change's fork: its upper dir, or its copy): that process shuts down.
+    const changes = join(api.dataDir, 'environments', workspace.id, 'changes');
+    const started = () => existsSync(changes) && readdirSync(changes).some((entry) => ['upper', 'root'].some((dir) => existsSync(join(changes, entry, dir, 'setup-started'))));
+    for (let attempt = 0; attempt < 600 && !started(); attempt++) await new Promise((resolve) => setTimeout(resolve, 50));
+    expect(started()).toBe(true);
+    await other.close();
+    await expect(connecting).rejects.toThrow();
+    expect(api.environments.current(workspace.id)!.version).toBe(before.version);
+    expect(await environmentHead(workspace.id)).toBe(before.head);
   });
 
   it('records the commit a setup ran on when the repository is connected with its setup', async () => {

@@ -18,11 +18,11 @@
 import { existsSync, readdirSync } from 'node:fs';
 import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
-import { basename, join } from 'node:path';
+import { basename, dirname, join } from 'node:path';
 import type { Logger } from 'pino';
 import { forkWorkspace } from '../agents/fork-workspace.js';
 import { git } from '../codehost/git.js';
-import { LocalCodeHost, RepositoryExistsError } from '../codehost/local.js';
+import { FastForwardError, LocalCodeHost, RepositoryExistsError } from '../codehost/local.js';
 import { ConflictError } from '../domain/errors.js';
 import type { SetupResult } from '../protocol/rest.js';
 import {
@@ -374,7 +374,7 @@ export class Environments {
     input: { fullName: string; defaultBranch: string; setup: boolean },
   ): Promise<{ version: EnvironmentVersion; spec: RepositorySpec; setup: SetupResult[] }> {
     await this.ensure(workspace);
-    const { version, result } = await this.change(workspace.id, `Connect ${input.fullName}`, async (change) => {
+    const { version, result } = await this.changeCommitting(workspace.id, `Connect ${input.fullName}`, async (change, commit) => {
       const files = forkWorkspace(change.fork, { network: false });
       await this.catchUpEnvironmentRepository(workspace.id, change);
       const config = parseEnvironmentConfig(await readInFork(change.fork, CONFIG_FILE));
@@ -397,7 +397,7 @@ export class Environments {
       await files.writeFile(CONFIG_FILE, configText({ ...config, repositories }));
       const ignore = (await readInFork(change.fork, '.gitignore')) ?? '';
       if (!ignore.split('\n').includes(`/${dir}/`)) await files.writeFile('.gitignore', `${ignore.trimEnd()}\n/${dir}/\n`);
-      await this.publishEnvironmentRepository(workspace.id, change.fork, `Connect ${input.fullName}`);
+      await commit(`Connect ${input.fullName}`);
       const chosen = existing ?? spec;
       return { spec: chosen, setup: input.setup ? await runSetups(change, [chosen], this.stopping.signal) : [] };
     });
@@ -408,10 +408,10 @@ export class Environments {
   async setConfig(workspace: Workspace, text: string): Promise<{ version: EnvironmentVersion; setup: SetupResult[] }> {
     const config = parseEnvironmentConfig(text);
     await this.ensure(workspace);
-    const { version } = await this.change(workspace.id, 'Edit the environment config', async (change) => {
+    const { version } = await this.changeCommitting(workspace.id, 'Edit the environment config', async (change, commit) => {
       await this.catchUpEnvironmentRepository(workspace.id, change);
       await forkWorkspace(change.fork, { network: false }).writeFile(CONFIG_FILE, configText(config));
-      if (!(await this.publishEnvironmentRepository(workspace.id, change.fork, 'Edit the environment config'))) change.discard = true;
+      if (!(await commit('Edit the environment config'))) change.discard = true;
     });
     const due = await this.pendingSetups(workspace.id, version);
     if (due.length === 0) return { version, setup: [] };
@@ -430,20 +430,51 @@ export class Environments {
   }
 
   /**
-   * Commits what changed in the change's `svc/environment` working copy (inside the sandbox) and moves the
-   * code host's main to it, forward only: a concurrent merge makes this fail rather than be overwritten.
-   * False when there was nothing to commit.
+   * A change that commits to `svc/environment`: `commit` (handed to `apply`) commits what changed in the
+   * change's working copy, inside the sandbox, and answers false when nothing did. The commit reaches the
+   * code host only once the change's version is published; a change that fails, is discarded, or is
+   * applied again on a newer version (whose `apply` commits afresh) drops it, so the code host never holds
+   * a config that no version of the environment has.
    */
-  private async publishEnvironmentRepository(workspaceId: string, fork: Fork, message: string): Promise<boolean> {
-    const known = await this.codeHost.knownCommits(workspaceId, ENVIRONMENT_REPOSITORY, [ENVIRONMENT_BRANCH]);
-    const bundled = await commitAndBundle(fork, { dir: ENVIRONMENT_DIR, known, message, bundleName: 'environment.bundle' });
-    if (!bundled) return false;
+  private async changeCommitting<T>(
+    workspaceId: string,
+    reason: string,
+    apply: (change: EnvironmentChange, commit: (message: string) => Promise<boolean>) => Promise<T>,
+  ): Promise<{ version: EnvironmentVersion; result: T }> {
+    const staged: { commit: { head: string; bundle: string } | null } = { commit: null };
+    const drop = async () => {
+      // The bundle sits alone in a private temporary directory (commitAndBundle's copy out of the fork).
+      if (staged.commit) await rm(dirname(staged.commit.bundle), { recursive: true, force: true });
+      staged.commit = null;
+    };
     try {
-      await this.codeHost.receiveBranch(workspaceId, ENVIRONMENT_REPOSITORY, bundled.bundle, ENVIRONMENT_BRANCH, bundled.head, { fastForwardOnly: true });
+      const outcome = await this.change(workspaceId, reason, async (change) => {
+        await drop();
+        const result = await apply(change, async (message) => {
+          await drop();
+          const known = await this.codeHost.knownCommits(workspaceId, ENVIRONMENT_REPOSITORY, [ENVIRONMENT_BRANCH]);
+          staged.commit = await commitAndBundle(change.fork, { dir: ENVIRONMENT_DIR, known, message, bundleName: 'environment.bundle' });
+          return staged.commit !== null;
+        });
+        if (change.discard) await drop();
+        return result;
+      });
+      if (staged.commit) {
+        // Forward only: a merge into svc/environment since this change caught up is never overwritten.
+        const { head, bundle } = staged.commit;
+        try {
+          await this.codeHost.receiveBranch(workspaceId, ENVIRONMENT_REPOSITORY, bundle, ENVIRONMENT_BRANCH, head, { fastForwardOnly: true });
+        } catch (error) {
+          if (!(error instanceof FastForwardError)) throw error;
+          throw new ConflictError(
+            `${ENVIRONMENT_REPOSITORY} on the code host moved while "${reason}" was applied: environment version ${outcome.version.version} has the change, the code host does not; merge the two by hand`,
+          );
+        }
+      }
+      return outcome;
     } finally {
-      await rm(bundled.bundle, { force: true });
+      await drop();
     }
-    return true;
   }
 }
 
