@@ -1,6 +1,6 @@
 import { execFileSync } from 'node:child_process';
 import { chmodSync, copyFileSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
-import { createServer, type IncomingHttpHeaders } from 'node:http';
+import { createServer, request as httpRequest, type IncomingHttpHeaders } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -337,11 +337,31 @@ fi
     expect(received[0]!.headers['x-api-key']).toBe(realKey);
     expect(JSON.stringify(received[0]!.headers)).not.toContain(token);
 
-    // The lease died with the run: its token opens nothing any more.
+    // The lease died with the run: its token opens nothing any more (asked at the proxy's socket, since
+    // the base URL's forwarder lived in the sandbox's own network and is gone with it).
     const baseUrl = /^ANTHROPIC_BASE_URL=(.+)$/m.exec(call('env'))?.[1] ?? '';
-    const after = await fetch(`${baseUrl}/v1/messages`, { method: 'POST', body: '{}', headers: { 'x-api-key': token } });
-    expect(after.status).toBe(403);
+    expect(new URL(baseUrl).pathname).toBe(`/${token}`);
+    expect(await viaProxySocket('POST', `/${token}/v1/messages`)).toBe(403);
     expect(received).toHaveLength(1);
+  });
+
+  it('runs the CLI in a private network: the host is out of reach, and the proxy takes only the provider calls', async () => {
+    // The fake CLI tries the provider (a server on the host's loopback) directly, then through its base
+    // URL a call of the provider's API that Claude Code never makes.
+    const port = new URL(providerUrl).port;
+    const probe = `
+curl -sS -o /dev/null -w '%{http_code}' "http://127.0.0.1:${port}/v1/messages" > /workspace/.calls/direct 2>/dev/null
+curl -sS -o /workspace/.calls/files -w '%{http_code}' -H "x-api-key: $ANTHROPIC_API_KEY" "$ANTHROPIC_BASE_URL/v1/files" > /workspace/.calls/files-status 2>&1
+curl -sS -o /dev/null -w '%{http_code}' -H "x-api-key: $ANTHROPIC_API_KEY" -d '{}' "$ANTHROPIC_BASE_URL/v1/messages/count_tokens" > /workspace/.calls/count-status 2>&1
+`;
+    received.length = 0;
+    const { outcome, call } = await run({ fixture: 'claude-code/success.jsonl', harnessEnv: { ...env, ANTHROPIC_BASE_URL: providerUrl }, files: { 'call-provider': probe } });
+    expect(outcome.status).toBe('completed');
+    expect(call('direct')).toBe('000');
+    expect(call('files-status')).toBe('403');
+    expect(JSON.parse(call('files')).error.code).toBe('path_not_allowed');
+    expect(call('count-status')).toBe('200');
+    expect(received.map((request) => request.url)).toEqual(['/v1/messages/count_tokens']);
   });
 
   it('gives Codex a lease of the proxy under OPENAI_BASE_URL, with a bearer key upstream', async () => {
@@ -357,6 +377,19 @@ fi
     expect(received[0]).toMatchObject({ method: 'POST', url: '/v1/responses' });
     expect(received[0]!.headers.authorization).toBe(`Bearer ${realKey}`);
   });
+
+  /** The status of a request sent straight to the credential proxy's socket on the host. */
+  async function viaProxySocket(method: string, path: string): Promise<number> {
+    const { socketPath } = await proxy.lease({ upstreamBaseUrl: providerUrl, headers: {}, paths: [] });
+    return new Promise((resolve, reject) => {
+      httpRequest({ socketPath, path, method }, (response) => {
+        response.resume();
+        resolve(response.statusCode ?? 0);
+      })
+        .on('error', reject)
+        .end();
+    });
+  }
 
   it('passes no key at all when the CLI runs with its own login (a desktop runner)', async () => {
     const { outcome, call } = await run({ fixture: 'claude-code/success.jsonl', harnessEnv: { ...env, ANTHROPIC_BASE_URL: providerUrl }, harnessOptions: { cliOwnLogin: true } });

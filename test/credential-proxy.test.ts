@@ -1,7 +1,9 @@
+import { existsSync, statSync } from 'node:fs';
 import { createServer, request as httpRequest, type IncomingHttpHeaders, type Server } from 'node:http';
-import type { AddressInfo } from 'node:net';
+import { connect, createServer as createNetServer, type AddressInfo } from 'node:net';
+import { dirname } from 'node:path';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
-import { CredentialProxy } from '../src/agents/credential-proxy.js';
+import { CredentialProxy, type CredentialLease } from '../src/agents/credential-proxy.js';
 
 interface Seen {
   method: string;
@@ -45,12 +47,39 @@ const logged: string[] = [];
 const proxy = new CredentialProxy({ logger: { warn: (details, message) => logged.push(JSON.stringify({ details, message })) } });
 let upstreamUrl = '';
 
+// The proxy listens on a unix socket only; a sandbox reaches it through a forwarder on its own loopback
+// (cli-harness.ts). The tests do the same on the host's loopback: one forwarder per socket.
+const forwarders = new Map<string, Promise<string>>();
+const relays: Array<ReturnType<typeof createNetServer>> = [];
+function originOf(socketPath: string): Promise<string> {
+  let origin = forwarders.get(socketPath);
+  if (!origin) {
+    const relay = createNetServer((client) => {
+      const upstreamSocket = connect(socketPath);
+      const drop = () => {
+        client.destroy();
+        upstreamSocket.destroy();
+      };
+      client.on('error', drop);
+      upstreamSocket.on('error', drop);
+      client.pipe(upstreamSocket).pipe(client);
+    });
+    relays.push(relay);
+    origin = new Promise((resolve) => relay.listen(0, '127.0.0.1', () => resolve(`http://127.0.0.1:${(relay.address() as AddressInfo).port}`)));
+    forwarders.set(socketPath, origin);
+  }
+  return origin;
+}
+/** The base URL a CLI would be given for the lease. */
+const baseUrlOf = async (lease: CredentialLease) => `${await originOf(lease.socketPath)}${lease.basePath}`;
+
 beforeAll(async () => {
   await new Promise<void>((resolve) => upstream.listen(0, '127.0.0.1', resolve));
   upstreamUrl = `http://127.0.0.1:${(upstream.address() as AddressInfo).port}`;
 });
 
 afterAll(async () => {
+  for (const relay of relays) relay.close();
   await proxy.close();
   await new Promise((resolve) => upstream.close(resolve));
 });
@@ -62,11 +91,14 @@ beforeEach(() => {
 
 describe('the credential proxy', () => {
   it('forwards method, path under the upstream base, query and body, with the lease credentials instead of the client ones', async () => {
-    const lease = await proxy.lease({ upstreamBaseUrl: `${upstreamUrl}/base/v1/`, headers: { 'x-api-key': 'sk-real' } });
+    const lease = await proxy.lease({ upstreamBaseUrl: `${upstreamUrl}/base/v1/`, headers: { 'x-api-key': 'sk-real' }, paths: ['POST /messages'] });
     expect(lease.token.length).toBeGreaterThanOrEqual(43);
-    expect(lease.baseUrl).toMatch(new RegExp(`^http://127\\.0\\.0\\.1:\\d+/${lease.token}$`));
+    expect(lease.basePath).toBe(`/${lease.token}`);
+    // A unix socket in a directory only the service's user may enter: no TCP port on the host.
+    expect(statSync(lease.socketPath).isSocket()).toBe(true);
+    expect(statSync(dirname(lease.socketPath)).mode & 0o077).toBe(0);
 
-    const response = await fetch(`${lease.baseUrl}/messages?beta=true&x=1`, {
+    const response = await fetch(`${await baseUrlOf(lease)}/messages?beta=true&x=1`, {
       method: 'POST',
       headers: { 'content-type': 'application/json', 'x-api-key': lease.token, authorization: 'Bearer sk-client', 'api-key': 'sk-azure', 'anthropic-version': '2023-06-01' },
       body: JSON.stringify({ model: 'claude', max_tokens: 10 }),
@@ -88,8 +120,8 @@ describe('the credential proxy', () => {
   });
 
   it('sets a bearer credential for OpenAI-style upstreams, and forwards a GET with no body', async () => {
-    const lease = await proxy.lease({ upstreamBaseUrl: `${upstreamUrl}/v1`, headers: { authorization: 'Bearer sk-openai-real' } });
-    const response = await fetch(`${lease.baseUrl}/models?limit=2`, { headers: { authorization: `Bearer ${lease.token}`, 'x-api-key': 'stray' } });
+    const lease = await proxy.lease({ upstreamBaseUrl: `${upstreamUrl}/v1`, headers: { authorization: 'Bearer sk-openai-real' }, paths: ['GET /models'] });
+    const response = await fetch(`${await baseUrlOf(lease)}/models?limit=2`, { headers: { authorization: `Bearer ${lease.token}`, 'x-api-key': 'stray' } });
     expect(response.status).toBe(201);
     expect(seen).toEqual([expect.objectContaining({ method: 'GET', url: '/v1/models?limit=2', body: '' })]);
     expect(seen[0]!.headers.authorization).toBe('Bearer sk-openai-real');
@@ -97,17 +129,39 @@ describe('the credential proxy', () => {
     lease.release();
   });
 
-  it('keeps the upstream host whatever the path says', async () => {
-    const lease = await proxy.lease({ upstreamBaseUrl: upstreamUrl, headers: { 'x-api-key': 'sk-real' } });
-    const status = await rawStatus(`${lease.baseUrl}//evil.example/v1/messages`);
-    expect(status).toBe(201);
-    expect(seen.map((request) => [request.url, request.headers.host])).toEqual([['//evil.example/v1/messages', upstreamUrl.slice('http://'.length)]]);
+  it('forwards only the calls the lease allows, to the upstream host whatever the path says', async () => {
+    const lease = await proxy.lease({ upstreamBaseUrl: upstreamUrl, headers: { 'x-api-key': 'sk-real' }, paths: ['GET /v1/messages', 'POST /v1/messages/count_tokens'] });
+    const baseUrl = await baseUrlOf(lease);
+    // Another host, another API of the provider's, a dot segment, an escape, a longer or shorter path,
+    // another method: refused before anything reaches the upstream.
+    for (const [method, path] of [
+      ['GET', '//evil.example/v1/messages'],
+      ['GET', '/v1/files'],
+      ['GET', '/v1/messages/../files'],
+      ['GET', '/v1/%6Dessages'],
+      ['GET', '/v1/messages/'],
+      ['GET', '/v1/messages/count_tokens'],
+      ['GET', '/v1'],
+      ['GET', ''],
+      ['DELETE', '/v1/messages'],
+    ] as const) {
+      const refused = await rawRequest(method, `${baseUrl}${path}`);
+      expect(refused.status, `${method} ${path}`).toBe(403);
+      expect(JSON.parse(refused.body).error.code).toBe('path_not_allowed');
+    }
+    expect(seen).toEqual([]);
+    expect((await rawRequest('GET', `${baseUrl}/v1/messages?x=1`)).status).toBe(201);
+    expect((await rawRequest('POST', `${baseUrl}/v1/messages/count_tokens`)).status).toBe(201);
+    expect(seen.map((request) => [request.method, request.url, request.headers.host])).toEqual([
+      ['GET', '/v1/messages?x=1', upstreamUrl.slice('http://'.length)],
+      ['POST', '/v1/messages/count_tokens', upstreamUrl.slice('http://'.length)],
+    ]);
     lease.release();
   });
 
   it('streams an answer through chunk by chunk', async () => {
-    const lease = await proxy.lease({ upstreamBaseUrl: upstreamUrl, headers: { 'x-api-key': 'sk-real' } });
-    const response = await fetch(`${lease.baseUrl}/v1/stream`, { method: 'POST', body: '{"stream":true}' });
+    const lease = await proxy.lease({ upstreamBaseUrl: upstreamUrl, headers: { 'x-api-key': 'sk-real' }, paths: ['POST /v1/stream'] });
+    const response = await fetch(`${await baseUrlOf(lease)}/v1/stream`, { method: 'POST', body: '{"stream":true}' });
     expect(response.status).toBe(200);
     expect(response.headers.get('content-type')).toBe('text/event-stream');
     const reader = response.body!.pipeThrough(new TextDecoderStream()).getReader();
@@ -124,19 +178,20 @@ describe('the credential proxy', () => {
   });
 
   it('answers 403 for an unknown token, a prefix of a token and a released one, without reaching the upstream', async () => {
-    const lease = await proxy.lease({ upstreamBaseUrl: upstreamUrl, headers: { 'x-api-key': 'sk-real' } });
-    const origin = new URL(lease.baseUrl).origin;
+    const lease = await proxy.lease({ upstreamBaseUrl: upstreamUrl, headers: { 'x-api-key': 'sk-real' }, paths: ['GET /v1/messages', 'POST /v1/messages'] });
+    const baseUrl = await baseUrlOf(lease);
+    const origin = new URL(baseUrl).origin;
     for (const path of ['/not-a-lease/v1/messages', `/${lease.token.slice(0, 20)}/v1/messages`, `/${lease.token}x/v1/messages`, '/', '']) {
       const response = await fetch(`${origin}${path}`, { method: 'POST', body: '{}', headers: { 'x-api-key': lease.token } });
       expect(response.status).toBe(403);
       expect(await response.json()).toEqual({ error: { code: 'lease_unknown', message: 'unknown or released credential lease' } });
     }
-    expect((await fetch(`${lease.baseUrl}/v1/messages`)).status).toBe(201);
+    expect((await fetch(`${baseUrl}/v1/messages`)).status).toBe(201);
     expect(seen).toHaveLength(1);
 
     lease.release();
     lease.release();
-    const released = await fetch(`${lease.baseUrl}/v1/messages`, { method: 'POST', body: '{}' });
+    const released = await fetch(`${baseUrl}/v1/messages`, { method: 'POST', body: '{}' });
     expect(released.status).toBe(403);
     expect(seen).toHaveLength(1);
   });
@@ -147,8 +202,8 @@ describe('the credential proxy', () => {
     const port = (closed.address() as AddressInfo).port;
     await new Promise((resolve) => closed.close(resolve));
 
-    const lease = await proxy.lease({ upstreamBaseUrl: `http://127.0.0.1:${port}/v1`, headers: { 'x-api-key': 'sk-real' } });
-    const response = await fetch(`${lease.baseUrl}/messages`, { method: 'POST', body: '{}' });
+    const lease = await proxy.lease({ upstreamBaseUrl: `http://127.0.0.1:${port}/v1`, headers: { 'x-api-key': 'sk-real' }, paths: ['POST /messages'] });
+    const response = await fetch(`${await baseUrlOf(lease)}/messages`, { method: 'POST', body: '{}' });
     expect(response.status).toBe(502);
     expect(await response.json()).toEqual({ error: { code: 'upstream_unreachable', message: expect.stringContaining('ECONNREFUSED') } });
     expect(logged.length).toBeGreaterThan(0);
@@ -158,23 +213,51 @@ describe('the credential proxy', () => {
   });
 
   it('refuses upstreams that are not http(s), and leases after close', async () => {
-    await expect(proxy.lease({ upstreamBaseUrl: 'file:///etc/passwd', headers: {} })).rejects.toThrow(/http\(s\) URL/);
+    await expect(proxy.lease({ upstreamBaseUrl: 'file:///etc/passwd', headers: {}, paths: [] })).rejects.toThrow(/http\(s\) URL/);
     const other = new CredentialProxy();
-    const lease = await other.lease({ upstreamBaseUrl: upstreamUrl, headers: {} });
+    const lease = await other.lease({ upstreamBaseUrl: upstreamUrl, headers: {}, paths: ['GET /v1/messages'] });
+    const baseUrl = await baseUrlOf(lease);
     await other.close();
-    await expect(other.lease({ upstreamBaseUrl: upstreamUrl, headers: {} })).rejects.toThrow(/closed/);
-    await expect(fetch(`${lease.baseUrl}/v1/messages`)).rejects.toThrow();
+    await expect(other.lease({ upstreamBaseUrl: upstreamUrl, headers: {}, paths: [] })).rejects.toThrow(/closed/);
+    await expect(fetch(`${baseUrl}/v1/messages`)).rejects.toThrow();
+    // Its socket and directory went with it.
+    expect(existsSync(dirname(lease.socketPath))).toBe(false);
+  });
+
+  it('survives errors after it started: on its server and on broken client connections', async () => {
+    const lease = await proxy.lease({ upstreamBaseUrl: upstreamUrl, headers: { 'x-api-key': 'sk-real' }, paths: ['GET /v1/messages'] });
+    // An error on the listening server (EMFILE on accept, say) is logged, not thrown at the process.
+    const server = proxy['server']!;
+    for (const code of ['EMFILE', 'ENFILE']) {
+      expect(() => server.emit('error', Object.assign(new Error(`accept ${code}`), { code }))).not.toThrow();
+      expect(logged.join('\n')).toContain(`accept ${code}`);
+    }
+    // The same server goes on serving the same socket.
+    expect(proxy['server']).toBe(server);
+    expect((await proxy.lease({ upstreamBaseUrl: upstreamUrl, headers: {}, paths: [] })).socketPath).toBe(lease.socketPath);
+    // A client that sends garbage, or goes away mid-request, costs only its own connection.
+    for (const garbage of ['\u0000\u0001 not http\r\n\r\n', `POST ${lease.basePath}/v1/messages HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\npartial`]) {
+      const socket = connect(lease.socketPath);
+      socket.on('error', () => undefined);
+      await new Promise<void>((resolve) => socket.on('connect', resolve));
+      socket.write(garbage);
+      socket.destroy();
+    }
+    expect((await fetch(`${await baseUrlOf(lease)}/v1/messages`)).status).toBe(201);
+    lease.release();
   });
 });
 
-/** The status of a GET sent with this exact path: fetch would normalize "//" away. */
-function rawStatus(url: string): Promise<number> {
+/** The status and body of a request sent with this exact path: fetch would normalize "//" and ".." away. */
+function rawRequest(method: string, url: string): Promise<{ status: number; body: string }> {
   const { port } = new URL(url);
   const path = url.slice(url.indexOf('/', 'http://'.length));
   return new Promise((resolve, reject) => {
-    httpRequest({ host: '127.0.0.1', port, path }, (response) => {
-      response.resume();
-      resolve(response.statusCode ?? 0);
+    httpRequest({ host: '127.0.0.1', port, path, method }, (response) => {
+      let body = '';
+      response.setEncoding('utf8');
+      response.on('data', (chunk: string) => (body += chunk));
+      response.on('end', () => resolve({ status: response.statusCode ?? 0, body }));
     })
       .on('error', reject)
       .end();

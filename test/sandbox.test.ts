@@ -4,7 +4,7 @@ import { createServer, type AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
-import { ForkManager, sandboxCapabilities, type Fork } from '../src/sandbox/fork.js';
+import { EGRESS_DIR, ForkManager, sandboxCapabilities, type Fork } from '../src/sandbox/fork.js';
 
 const root = mkdtempSync(join(tmpdir(), 'svc-sandbox-'));
 const dataDir = join(root, 'data');
@@ -97,6 +97,30 @@ describe('sandbox forks', () => {
       await forks.remove(fork);
     } finally {
       server.close();
+    }
+  });
+
+  it('confines a command with an egress directory to its sockets, even when it asks for network', async () => {
+    const server = createServer((socket) => socket.end('host\n'));
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    const port = (server.address() as AddressInfo).port;
+    const egress = mkdtempSync(join(root, 'egress-'));
+    const unix = createServer((socket) => socket.end('proxy\n'));
+    await new Promise<void>((resolve) => unix.listen(join(egress, 'proxy.sock'), resolve));
+    try {
+      const fork = await forks.create('egress', environment);
+      const connect = (target: string) =>
+        `${process.execPath} -e "require('net').connect(${target}).on('error',e=>{console.log(e.code);process.exit(0)}).on('data',d=>{process.stdout.write(d);process.exit(0)})"`;
+      const probe = [connect(`${port},'127.0.0.1'`), connect(`'${EGRESS_DIR}/proxy.sock'`), `ls ${EGRESS_DIR}`].join('\n');
+      const confined = await sh(fork, probe, { timeoutMs: 20_000, network: true, egressDir: egress });
+      expect(confined.stderr).toBe('');
+      expect(confined.stdout).toBe('ECONNREFUSED\nproxy\nproxy.sock\n');
+      // Without it, the same command asking for network is on the host's.
+      expect((await sh(fork, connect(`${port},'127.0.0.1'`), { timeoutMs: 20_000, network: true })).stdout).toBe('host\n');
+      await forks.remove(fork);
+    } finally {
+      server.close();
+      unix.close();
     }
   });
 

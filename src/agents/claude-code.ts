@@ -10,7 +10,8 @@
  * `AskUserQuestion` is disallowed: print mode would deny it anyway; questions follow cli-harness.ts.
  *
  * Credentials (cli-harness.ts): Claude Code reads ANTHROPIC_BASE_URL and sends ANTHROPIC_API_KEY as
- * `x-api-key`; the Anthropic SDK inside it appends `/v1/messages` (and other `/v1/…` paths) to the base URL.
+ * `x-api-key`; the Anthropic SDK inside it appends `/v1/messages` (and `/v1/messages/count_tokens`,
+ * `/v1/models`) to the base URL. Those are the only calls its credential lease allows.
  */
 import { isReadOnlyMode, type AgentId } from '../domain/agents.js';
 import { clip } from './builtin.js';
@@ -38,6 +39,8 @@ const ANTHROPIC: ProviderRoute = {
   // /messages; Claude Code's own paths start with /v1 already, so either spelling reaches the same endpoint.
   upstreamOf: (configured) => configured.replace(/\/+$/, '').replace(/\/v1$/, ''),
   credentialHeaders: (key) => ({ 'x-api-key': key }),
+  // The Messages API, its token counting, and the model list: nothing else of the provider's.
+  paths: ['POST /v1/messages', 'POST /v1/messages/count_tokens', 'GET /v1/models'],
 };
 
 export class ClaudeCodeHarness implements Harness {

@@ -8,12 +8,18 @@
  * without a decision; that final message becomes the run's question outcome, as `ask_user` does in the
  * built-in loop.
  *
- * Credentials: the sandbox never holds the platform's provider key. In the cloud each run leases a token
- * from the host's credential proxy (credential-proxy.ts): the CLI's base URL points at the lease and its
- * key variable holds the token, which is worthless outside the proxy and revoked when the run ends. A
- * desktop runner instead runs the CLI with the user's own login and passes no key at all (`own-login`).
+ * Credentials and network: the sandbox never holds the platform's provider key, and the CLI has no
+ * network but its provider's API. In the cloud each run leases a token from the host's credential proxy
+ * (credential-proxy.ts), which allows only that provider's API calls; the CLI runs in a private network
+ * namespace with the proxy's unix socket bound in (`egressDir`), and a forwarder started before it
+ * (`FORWARDER`) listens on the sandbox's own 127.0.0.1 and relays to that socket. The CLI's base URL is
+ * the forwarder's address followed by the lease, and its key variable holds the token, which is worthless
+ * outside the proxy and revoked when the run ends. A desktop runner instead runs the CLI with the user's
+ * own login and passes no key at all (`own-login`).
  */
+import { basename, dirname } from 'node:path';
 import type { TaskMode } from '../protocol/rest.js';
+import { EGRESS_DIR } from '../sandbox/fork.js';
 import type { CredentialProxy } from './credential-proxy.js';
 import { ModelConfigError, requireEnv } from './models.js';
 import type { AgentEvent, RunManifest, RunOutcome } from './types.js';
@@ -85,11 +91,15 @@ export interface ProviderRoute {
   upstreamOf?: (configured: string) => string;
   /** The headers that carry the real key to the provider. */
   credentialHeaders: (key: string) => Record<string, string>;
+  /** The provider API calls the CLI makes (`METHOD /path` under its base URL): all that its lease allows. */
+  paths: readonly string[];
 }
 
-/** The sandbox variables of one run, and the end of their validity. */
+/** The sandbox variables of one run, how it reaches its provider, and the end of their validity. */
 export interface CliSession {
   env: Record<string, string>;
+  /** Through the credential proxy: its socket (on the host), and the variable that gets the forwarder's URL and the lease path. */
+  proxy?: { socketPath: string; baseUrlVariable: string; basePath: string };
   release(): void;
 }
 
@@ -115,9 +125,13 @@ export function cliAccess(env: NodeJS.ProcessEnv, agentId: string, route: Provid
       const headers = route.credentialHeaders(key);
       return {
         async open() {
-          const lease = await credentials.proxy.lease({ upstreamBaseUrl, headers });
+          const lease = await credentials.proxy.lease({ upstreamBaseUrl, headers, paths: route.paths });
           const keys = [route.keyVariable, ...(route.alsoKeyVariables ?? [])].map((name) => [name, lease.token] as const);
-          return { env: { ...Object.fromEntries(keys), [route.baseUrlVariable]: lease.baseUrl }, release: lease.release };
+          return {
+            env: Object.fromEntries(keys),
+            proxy: { socketPath: lease.socketPath, baseUrlVariable: route.baseUrlVariable, basePath: lease.basePath },
+            release: lease.release,
+          };
         },
       };
     }
@@ -157,15 +171,62 @@ export async function runCli(spec: CliSpec, manifest: RunManifest, emit: (event:
     return { status: 'failed', error: message };
   }
   try {
-    return await runCliProcess(spec, { ...spec.env, ...session.env }, manifest, emit);
+    return await runCliProcess(spec, session, manifest, emit);
   } finally {
     session.release();
   }
 }
 
+/**
+ * Started in the sandbox before the CLI (by `node -e`, argv: socket, `{ variable: path }` as JSON, then the
+ * CLI's argv): listens on the sandbox's own 127.0.0.1, relays every connection to the credential proxy's
+ * socket, and runs the CLI with each variable set to its address followed by the path. It ends with the
+ * CLI, with its exit code. Plain CommonJS: it runs on whatever node the sandbox has.
+ */
+const FORWARDER = `
+const net = require('node:net');
+const { spawn } = require('node:child_process');
+const { constants } = require('node:os');
+const [socketPath, routes, command, ...args] = process.argv.slice(1);
+const fail = (message, code) => { process.stderr.write('svc proxy forwarder: ' + message + '\\n'); process.exit(code); };
+const server = net.createServer((client) => {
+  const upstream = net.connect(socketPath);
+  const drop = () => { client.destroy(); upstream.destroy(); };
+  client.on('error', drop);
+  upstream.on('error', drop);
+  client.pipe(upstream).pipe(client);
+});
+server.on('error', (error) => fail(error.message, 126));
+server.listen(0, '127.0.0.1', () => {
+  const env = { ...process.env };
+  for (const [name, path] of Object.entries(JSON.parse(routes))) env[name] = 'http://127.0.0.1:' + server.address().port + path;
+  const child = spawn(command, args, { stdio: 'inherit', env });
+  child.on('error', (error) => fail(error.message, 127));
+  child.on('exit', (code, signal) => process.exit(code ?? 128 + (constants.signals[signal] ?? 0)));
+  for (const name of ['SIGTERM', 'SIGINT', 'SIGHUP']) process.on(name, () => child.kill(name));
+});
+`;
+
+/**
+ * The sandbox's argv for the CLI. `command -v` makes a missing program exit 127 the same way with and
+ * without bubblewrap (whose own exec failure is a plain 1). Through the proxy, the forwarder starts it.
+ */
+function cliArgv(spec: CliSpec, proxy: CliSession['proxy']): string[] {
+  const found = 'command -v "$1" >/dev/null 2>&1 || exit 127';
+  if (!proxy) return ['sh', '-c', `${found}; exec "$@"`, 'sh', spec.command, ...spec.argv];
+  const script = [
+    found,
+    'command -v node >/dev/null 2>&1 || { echo "node is not installed in the sandbox; the credential proxy\'s forwarder needs it" >&2; exit 126; }',
+    'c=$1; f=$2; s=$3; r=$4; shift 4',
+    'exec node -e "$f" "$s" "$r" "$c" "$@"',
+  ].join('\n');
+  const socket = `${EGRESS_DIR}/${basename(proxy.socketPath)}`;
+  return ['sh', '-c', script, 'sh', spec.command, FORWARDER, socket, JSON.stringify({ [proxy.baseUrlVariable]: proxy.basePath }), ...spec.argv];
+}
+
 async function runCliProcess(
   spec: CliSpec,
-  env: Record<string, string>,
+  session: CliSession,
   manifest: RunManifest,
   emit: (event: AgentEvent) => Promise<void>,
 ): Promise<RunOutcome> {
@@ -197,12 +258,13 @@ async function runCliProcess(
     if (typeof message !== 'object' || message === null || Array.isArray(message)) unreadable += 1;
     else send(spec.translator.translate(message as Record<string, unknown>));
   };
-  // `command -v` makes a missing program exit 127 the same way with and without bubblewrap (whose own
-  // exec failure is a plain 1).
-  const argv = ['sh', '-c', 'command -v "$1" >/dev/null 2>&1 || exit 127; exec "$@"', 'sh', spec.command, ...spec.argv];
+  const { proxy } = session;
+  // Through the proxy: a private network whose one way out is the proxy's socket. With its own login (a
+  // desktop runner), the CLI reaches its provider itself.
+  const reach = proxy ? { network: false, egressDir: dirname(proxy.socketPath) } : { network: true };
   let result: Awaited<ReturnType<RunManifest['workspace']['runStreaming']>>;
   try {
-    result = await manifest.workspace.runStreaming(argv, { env, timeoutMs: CLI_TIMEOUT_MS, network: true, stdin: spec.stdin, onLine });
+    result = await manifest.workspace.runStreaming(cliArgv(spec, proxy), { env: { ...spec.env, ...session.env }, timeoutMs: CLI_TIMEOUT_MS, ...reach, stdin: spec.stdin, onLine });
   } catch (error) {
     await queue;
     return fail(`${spec.label} could not start: ${error instanceof Error ? error.message : String(error)}`);

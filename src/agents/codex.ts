@@ -12,8 +12,9 @@
  * cli-harness.ts), ends the run with a question.
  *
  * Credentials (cli-harness.ts): Codex's built-in `openai` provider reads OPENAI_BASE_URL (default
- * https://api.openai.com/v1, the same convention as the AI SDK's) and appends `/responses`; it sends its
- * key as `Authorization: Bearer`.
+ * https://api.openai.com/v1, the same convention as the AI SDK's) and appends `/responses` (and `/models`
+ * for its model list, the only other call its credential lease allows); it sends its key as
+ * `Authorization: Bearer`.
  */
 import { isReadOnlyMode, type AgentId } from '../domain/agents.js';
 import { clip } from './builtin.js';
@@ -39,6 +40,8 @@ const OPENAI: ProviderRoute = {
   baseUrlVariable: 'OPENAI_BASE_URL',
   defaultUpstream: 'https://api.openai.com/v1',
   credentialHeaders: (key) => ({ authorization: `Bearer ${key}` }),
+  // The Responses API and the model list (`/models?client_version=…`): nothing else of the provider's.
+  paths: ['POST /responses', 'GET /models'],
 };
 
 export class CodexHarness implements Harness {

@@ -1,18 +1,28 @@
 /**
  * A credential-injecting reverse proxy on the host, so that an agent CLI in a sandbox can call its model
- * provider without the sandbox ever holding the platform's key: the CLI gets a base URL on 127.0.0.1 whose
- * path starts with a lease token, and a placeholder key (the token again) that is worth nothing elsewhere.
- * The proxy swaps whatever credentials a request carries for the lease's real ones and streams the
- * request and the answer (SSE included) through as they come.
+ * provider without the sandbox ever holding the platform's key, and without any other way out.
  *
- * A lease lives for one run: `release()` revokes its token, after which its requests answer 403 and never
- * reach the provider (requests already in flight finish). The sandbox shares the host's network namespace
- * when it has network access, which is how it reaches 127.0.0.1.
+ * The proxy listens on a unix socket only (in a directory private to the service's user), never on a TCP
+ * port: the CLI runs in a private network namespace, the socket's directory is bound into its sandbox, and
+ * a small forwarder there (cli-harness.ts) listens on the sandbox's own 127.0.0.1 and relays each
+ * connection to the socket. The CLI's base URL is that forwarder followed by `/<lease token>`, and its key
+ * is the token again, a placeholder worth nothing elsewhere. The proxy swaps whatever credentials a request
+ * carries for the lease's real ones and streams the request and the answer (SSE included) through.
+ *
+ * A lease allows only the provider API calls its CLI needs (`paths`, method and exact path): anything
+ * else answers 403 and never reaches the provider, so a leaked token is good for model calls and nothing
+ * more. A lease lives for one run: `release()` revokes its token, after which its requests answer 403
+ * (requests already in flight finish).
+ *
+ * Usage is not metered here: credits come from the usage the CLI reports in its stream, so model calls a
+ * sandboxed process makes with the token on its own go unmetered (docs/execution.md says so).
  */
 import { randomBytes } from 'node:crypto';
+import { mkdtempSync, rmSync } from 'node:fs';
 import http, { type IncomingHttpHeaders, type IncomingMessage, type OutgoingHttpHeaders, type ServerResponse } from 'node:http';
 import https from 'node:https';
-import type { AddressInfo } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 
 /** What the proxy logs: a subset of pino's Logger, so the executor's logger fits as it is. */
 export interface CredentialProxyLogger {
@@ -24,11 +34,18 @@ export interface LeaseRequest {
   upstreamBaseUrl: string;
   /** The real credentials, set on every forwarded request: `{ 'x-api-key': key }`, `{ authorization: 'Bearer ' + key }`. */
   headers: Record<string, string>;
+  /**
+   * The calls the lease allows, as `METHOD /path` relative to the lease (`POST /v1/messages`): the path
+   * must be exactly one of these (any query string goes along); anything else answers 403.
+   */
+  paths: readonly string[];
 }
 
 export interface CredentialLease {
-  /** `http://127.0.0.1:<port>/<token>`: the base URL to give the CLI. */
-  baseUrl: string;
+  /** The proxy's unix socket on the host: what a sandbox's forwarder relays to. */
+  socketPath: string;
+  /** `/<token>`: the path that names the lease; the CLI's base URL is a forwarder's origin followed by it. */
+  basePath: string;
   /** The placeholder key for the CLI: it opens this lease and nothing else. */
   token: string;
   /** Revokes the token; idempotent. */
@@ -40,10 +57,14 @@ interface Lease {
   /** The upstream's path without a trailing slash; request paths (which start with "/") follow it. */
   basePath: string;
   headers: Record<string, string>;
+  paths: ReadonlySet<string>;
 }
 
 /** 32 random bytes: unguessable, and url-safe in base64url, so the token can sit in a path. */
 const TOKEN_BYTES = 32;
+
+/** The socket's name in the proxy's directory. */
+const SOCKET_NAME = 'proxy.sock';
 
 /** Whatever credentials a client sends are dropped; only the lease's reach the provider. */
 const CREDENTIAL_HEADERS = ['authorization', 'x-api-key', 'api-key'];
@@ -57,7 +78,8 @@ const HOP_BY_HOP = ['connection', 'keep-alive', 'proxy-authenticate', 'proxy-aut
 export class CredentialProxy {
   private readonly leases = new Map<string, Lease>();
   private server: http.Server | null = null;
-  private listening: Promise<number> | null = null;
+  private listening: Promise<string> | null = null;
+  private socketDir: string | null = null;
   private closed = false;
   // Own agents, so that `close()` can let go of their kept-alive upstream connections.
   private readonly agents = { http: new http.Agent({ keepAlive: true }), https: new https.Agent({ keepAlive: true }) };
@@ -71,11 +93,12 @@ export class CredentialProxy {
     if (upstream.protocol !== 'http:' && upstream.protocol !== 'https:') {
       throw new Error(`the upstream of a credential lease must be an http(s) URL, not ${upstream.protocol}`);
     }
-    const port = await this.start();
+    const socketPath = await this.start();
     const token = randomBytes(TOKEN_BYTES).toString('base64url');
-    this.leases.set(token, { upstream, basePath: upstream.pathname.replace(/\/+$/, ''), headers: { ...request.headers } });
+    this.leases.set(token, { upstream, basePath: upstream.pathname.replace(/\/+$/, ''), headers: { ...request.headers }, paths: new Set(request.paths) });
     return {
-      baseUrl: `http://127.0.0.1:${port}/${token}`,
+      socketPath,
+      basePath: `/${token}`,
       token,
       release: () => {
         this.leases.delete(token);
@@ -95,38 +118,56 @@ export class CredentialProxy {
       server.closeAllConnections();
       await stopped;
     }
+    if (this.socketDir) rmSync(this.socketDir, { recursive: true, force: true });
+    this.socketDir = null;
     this.agents.http.destroy();
     this.agents.https.destroy();
   }
 
-  private start(): Promise<number> {
-    this.listening ??= new Promise<number>((resolve, reject) => {
+  private start(): Promise<string> {
+    this.listening ??= new Promise<string>((resolve, reject) => {
+      // Only the service's user may enter the directory (the sandboxes see it bound in, as that user).
+      const dir = mkdtempSync(join(tmpdir(), 'svc-credential-proxy-'));
+      const socketPath = join(dir, SOCKET_NAME);
       const server = http.createServer((req, res) => this.forward(req, res));
-      server.once('error', (error) => {
+      // Kept for the server's whole life: an 'error' without a listener would crash the service. Before
+      // it listens, an error means it could not start.
+      server.on('error', (error) => {
+        if (this.server === server) {
+          this.options.logger?.warn({ err: error.message }, 'credential proxy: server error');
+          return;
+        }
         this.listening = null;
+        rmSync(dir, { recursive: true, force: true });
         reject(error);
       });
-      server.listen(0, '127.0.0.1', () => {
+      // A broken client connection is that client's problem: drop it, never the process.
+      server.on('clientError', (_error, socket) => socket.destroy());
+      server.listen(socketPath, () => {
         if (this.closed) {
           server.close();
+          rmSync(dir, { recursive: true, force: true });
           reject(new Error('the credential proxy is closed'));
           return;
         }
         this.server = server;
+        this.socketDir = dir;
         // A forgotten close() must not keep the process alive; open connections still do while they last.
         server.unref();
-        resolve((server.address() as AddressInfo).port);
+        resolve(socketPath);
       });
     });
     return this.listening;
   }
 
   private forward(req: IncomingMessage, res: ServerResponse): void {
-    const target = this.route(req.url ?? '');
-    if (!target) {
+    const target = this.route(req.method ?? '', req.url ?? '');
+    if ('refused' in target) {
       // Drain what the client sends, so that it reads the answer rather than a reset.
       req.resume();
-      answer(res, 403, 'lease_unknown', 'unknown or released credential lease');
+      req.on('error', () => undefined);
+      if (target.refused === 'lease') answer(res, 403, 'lease_unknown', 'unknown or released credential lease');
+      else answer(res, 403, 'path_not_allowed', `the credential lease does not allow ${target.refused}`);
       return;
     }
     const { lease, path } = target;
@@ -170,24 +211,30 @@ export class CredentialProxy {
       clientGone = true;
       upstreamRequest.destroy();
     });
+    res.on('error', () => upstreamRequest.destroy());
     req.on('error', () => upstreamRequest.destroy());
     req.pipe(upstreamRequest);
   }
 
-  /** The lease named by the first path segment (a whole-token map lookup) and the upstream path to request. */
-  private route(url: string): { lease: Lease; path: string } | null {
-    if (!url.startsWith('/')) return null;
+  /**
+   * The lease named by the first path segment (a whole-token map lookup) and the upstream path to request,
+   * or why the request is refused: no such lease, or a call the lease does not allow.
+   */
+  private route(method: string, url: string): { lease: Lease; path: string } | { refused: string } {
+    if (!url.startsWith('/')) return { refused: 'lease' };
     const queryAt = url.indexOf('?');
     const pathname = queryAt === -1 ? url : url.slice(0, queryAt);
     const query = queryAt === -1 ? '' : url.slice(queryAt);
     const tokenEnd = pathname.indexOf('/', 1);
     const token = tokenEnd === -1 ? pathname.slice(1) : pathname.slice(1, tokenEnd);
     const lease = this.leases.get(token);
-    if (!lease) return null;
-    // Appended as text, never resolved as a URL: a path such as "//elsewhere/" must not change the host.
+    if (!lease) return { refused: 'lease' };
     const rest = tokenEnd === -1 ? '' : pathname.slice(tokenEnd);
-    const path = `${lease.basePath}${rest}` || '/';
-    return { lease, path: `${path}${query}` };
+    const call = `${method} ${rest}`;
+    // An exact match: no prefix, no dot segments, no escapes can stretch an allowed path.
+    if (!lease.paths.has(call)) return { refused: call.slice(0, 200) };
+    // Appended as text, never resolved as a URL.
+    return { lease, path: `${lease.basePath}${rest}${query}` };
   }
 }
 

@@ -60,13 +60,14 @@ export function forkWorkspace(fork: Fork, options: ForkWorkspaceOptions): Worksp
       const result = await run(['sh', '-c', `exec 2>&1\n${command}`], undefined, timeoutMs);
       return { exitCode: result.exitCode, output: result.stdout, timedOut: result.timedOut };
     },
-    async runStreaming(argv, { env, timeoutMs, network, stdin, onLine }) {
+    async runStreaming(argv, { env, timeoutMs, network, egressDir, stdin, onLine }) {
       let pending = '';
       const result = await fork.run(argv, {
         ...base,
         env: { ...(options.env ?? {}), ...(env ?? {}) },
         network: network ?? options.network,
         timeoutMs,
+        ...(egressDir === undefined ? {} : { egressDir }),
         ...(stdin === undefined ? {} : { stdin }),
         onStdout(chunk) {
           pending += chunk;

@@ -153,7 +153,9 @@ export function localWorkspace(dir: string, options: LocalWorkspaceOptions = {})
       const result = await run(['sh', '-c', `exec 2>&1\n${command}`], { timeoutMs, tracked: true });
       return { exitCode: result.exitCode, output: result.stdout, timedOut: result.timedOut };
     },
-    async runStreaming(argv, { env, timeoutMs, stdin, onLine }) {
+    async runStreaming(argv, { env, timeoutMs, egressDir, stdin, onLine }) {
+      // Nothing here confines a program's network: a CLI on the user's computer runs with its own login.
+      if (egressDir) throw new Error("a desktop runner's folder has no sandbox to confine a program to the credential proxy");
       let pending = '';
       const result = await run(argv, {
         ...(env ? { env } : {}),

@@ -33,7 +33,15 @@ export interface Workspace {
    */
   runStreaming(
     argv: readonly string[],
-    options: { env?: Record<string, string>; timeoutMs: number; network?: boolean; stdin?: string; onLine: (line: string) => void },
+    options: {
+      env?: Record<string, string>;
+      timeoutMs: number;
+      network?: boolean;
+      /** A host directory of unix sockets, the program's only way out of a private network (sandbox/fork.ts `egressDir`). */
+      egressDir?: string;
+      stdin?: string;
+      onLine: (line: string) => void;
+    },
   ): Promise<{ exitCode: number | null; stderr: string; timedOut: boolean }>;
 }
 

@@ -18,6 +18,10 @@
  * A fork with dev servers holds a private network namespace of its own (`fork.network`, made by
  * dev-servers.ts): its commands without network access join that namespace (`nsenter --net`) instead of
  * an empty one each, so they reach the dev servers on 127.0.0.1 and nothing else.
+ *
+ * A command with an egress directory (`egressDir`: an agent CLI reaching the credential proxy) runs in
+ * such a private network too, whatever `network` says, with that directory bound in at EGRESS_DIR: the
+ * unix socket there is its one way out.
  */
 import { spawn, spawnSync } from 'node:child_process';
 import { cp, mkdir, readdir, rename, rm, stat, writeFile } from 'node:fs/promises';
@@ -26,6 +30,8 @@ import { join, resolve } from 'node:path';
 
 export const FORK_NAME = /^[A-Za-z0-9_-]{1,64}$/;
 export const SANDBOX_ROOT = '/workspace';
+/** Where a command's egress directory (`RunOptions.egressDir`) appears inside the sandbox. */
+export const EGRESS_DIR = '/run/svc-egress';
 
 /** `direct` is no fork at all: the sandbox works on the directory itself (the environment's own setup). */
 export type ForkMode = 'overlay' | 'clone' | 'direct';
@@ -58,6 +64,11 @@ export interface RunOptions {
   readOnly?: boolean;
   /** Called with each chunk of standard output as it arrives (it is collected in `stdout` as well). */
   onStdout?: (chunk: string) => void;
+  /**
+   * A host directory of unix sockets, bound read-only at EGRESS_DIR: the command's only way out of its
+   * private network. The host's network is never shared with it. Needs bubblewrap.
+   */
+  egressDir?: string;
 }
 
 /** What a long-running process (a dev server) is started with; it runs until stopped. */
@@ -231,9 +242,10 @@ export class Fork {
   private commandLine(command: readonly string[], options: RunOptions): string[] {
     const { bwrap } = sandboxCapabilities();
     if (!bwrap && !this.policy.allowUnsandboxed) throw new SandboxUnavailableError();
+    if (!bwrap && options.egressDir) throw new Error('a command confined to the credential proxy needs bubblewrap (bwrap), which is not installed');
     const root = this.info.mode === 'overlay' ? join(this.info.dir, 'merged') : this.info.mode === 'direct' ? this.info.dir : join(this.info.dir, 'root');
     // Without network access, a fork with a private network runs its command there (not in an empty one).
-    const network = bwrap && !options.network ? this.privateNetworkPath() : null;
+    const network = bwrap && !hostNetwork(options) ? this.privateNetworkPath() : null;
     const memoryMiB = options.memoryMiB ?? this.policy.memoryMiB;
     const cpuSeconds = options.cpuSeconds ?? this.policy.cpuSeconds;
     const limits = [
@@ -278,12 +290,18 @@ export class Fork {
     if (this.info.mode === 'clone') for (const layer of this.info.lower.layers) args.push('--ro-bind', layer, layer);
     args.push(options.readOnly ? '--ro-bind' : '--bind', root, SANDBOX_ROOT, '--chdir', join(SANDBOX_ROOT, options.cwd ?? ''));
     args.push('--unshare-pid', '--unshare-ipc', '--unshare-uts', '--hostname', 'sandbox');
-    if (!options.network && !sharedNetwork) args.push('--unshare-net');
+    if (!hostNetwork(options) && !sharedNetwork) args.push('--unshare-net');
+    if (options.egressDir) args.push('--ro-bind', options.egressDir, EGRESS_DIR);
     // Caches that tools keep in HOME (npm's logs, for one) stay out of the repositories.
     args.push('--setenv', 'HOME', '/tmp');
     for (const [name, value] of Object.entries(options.env ?? {})) args.push('--setenv', name, value);
     return args;
   }
+}
+
+/** Whether a command shares the host's network: asked for, and not confined to an egress directory. */
+function hostNetwork(options: Pick<RunOptions, 'network' | 'egressDir'>): boolean {
+  return options.network === true && !options.egressDir;
 }
 
 /** `/proc/<pid>/ns/<kind>` of a held namespace, if its holder still holds that very namespace. */
