@@ -8,7 +8,9 @@ import { createHash } from 'node:crypto';
 import { eq, sql } from 'drizzle-orm';
 import pg from 'pg';
 import { describe, expect, it } from 'vitest';
+import { listRuns } from '../src/engine/runners/runs.js';
 import { RUNNER_LIMITS } from '../src/protocol/runner.js';
+import { findRunner } from '../src/store/runners.js';
 import { eventParts } from '../src/store/schema.js';
 import { updateTask } from '../src/store/tasks.js';
 import { useTestApi, type TestApi } from './support/api.js';
@@ -292,6 +294,61 @@ describe.each(testDrivers)('runner events on %s', (driver) => {
     const last = (await runner.request('GET', '/api/v1/runners/runs')).json().runs as Array<{ runId: string; history: Array<{ role: string; content: string }> }>;
     expect(last.find((run) => run.runId === followUpRun)!.history).toEqual([{ role: 'user', content: 'Fix the flaky test' }]);
     expect(last.find((run) => run.runId === queued[2])!.history).toEqual([]);
+  });
+
+  it('refuses a claim past 100 held runs, so that the list of held runs stays within its bound', async () => {
+    const { owner, runner } = await setup();
+    const held: Array<{ taskId: string; id: string; generation: number }> = [];
+    for (let index = 0; index < RUNNER_LIMITS.listedRuns; index++) {
+      const { task, job } = await localTask(owner, runner);
+      held.push({ taskId: task.id, id: job.id, generation: await claim(runner, job.id) });
+    }
+    const { job } = await localTask(owner, runner);
+    const claimNext = () => runner.request('POST', `/api/v1/runners/runs/${job.id}/claim`, {});
+    expect((await claimNext()).statusCode).toBe(409);
+    // A run cancelled before its receipt is still held, and counts; claiming again a run it holds is no new hold.
+    const [cancelled, executing] = held as [(typeof held)[number], (typeof held)[number]];
+    expect((await owner.request('POST', `/api/v1/tasks/${cancelled.taskId}/cancel`)).statusCode).toBe(200);
+    expect((await claimNext()).statusCode).toBe(409);
+    expect((await runner.request('POST', `/api/v1/runners/runs/${executing.id}/claim`, {})).statusCode).toBe(200);
+    const listed = (await runner.request('GET', '/api/v1/runners/runs')).json().runs as Array<{ runId: string }>;
+    expect(listed.map((run) => run.runId)).toEqual(held.map((run) => run.id));
+    // The receipt makes room.
+    await runner.request('POST', `/api/v1/runners/runs/${cancelled.id}/complete`, { generation: cancelled.generation, lastSequence: 0, processStopped: true, outcome: { status: 'cancelled' } });
+    await claim(runner, job.id);
+  });
+
+  it('lists runs in as many queries for many runs as for one', async () => {
+    const { owner, runner } = await setup();
+    const row = (await findRunner(api.db.database.db, runner.id))!;
+    /** The database, counting the statements started on it (every query builder runs once). */
+    const counting = () => {
+      const db = api.db.database.db;
+      let statements = 0;
+      const counted = new Proxy(db, {
+        get(target, key, receiver) {
+          const value: unknown = Reflect.get(target, key, receiver);
+          if (typeof value !== 'function' || !['select', 'insert', 'update', 'delete', 'execute', 'transaction'].includes(String(key))) return value;
+          return (...args: unknown[]) => {
+            statements += 1;
+            return (value as (...inner: unknown[]) => unknown).apply(target, args);
+          };
+        },
+      });
+      return { db: counted, statements: () => statements };
+    };
+    const first = await localTask(owner, runner);
+    const generation = await claim(runner, first.job.id);
+    await events(runner, [{ runId: first.job.id, generation, firstSequence: 1, events: [message('one')] }]);
+    const one = counting();
+    expect((await listRuns(one.db, row)).runs).toHaveLength(1);
+    for (let index = 0; index < 12; index++) {
+      const { task } = await localTask(owner, runner);
+      await owner.request('POST', `/api/v1/tasks/${task.id}/messages`, { message: 'And the docs' });
+    }
+    const many = counting();
+    expect((await listRuns(many.db, row)).runs).toHaveLength(25);
+    expect(many.statements()).toBe(one.statements());
   });
 
   it.runIf(driver === 'postgres')('takes uploads while an owner action holds the task, without a deadlock, and a racing retry is acknowledged', async () => {

@@ -37,7 +37,10 @@ export const RUNNER_LIMITS = {
   sshAccessTtlMs: 60 * 60_000,
   /** Runs a signals request may name. */
   signalRuns: 200,
-  /** Runs one GET /runs lists at the most, besides the runs the runner holds (those are always listed). */
+  /**
+   * Runs one GET /runs lists at the most, and runs a runner may hold at once (claimed, or cancelled before
+   * their receipt): held runs are always listed, so a claim past this is refused.
+   */
   listedRuns: 100,
   projectsPerRunner: 200,
   repositoriesPerProject: 50,

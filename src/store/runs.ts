@@ -23,7 +23,8 @@ const held = and(isNotNull(jobs.runnerState), inArray(jobs.status, ['IN_PROGRESS
 
 /**
  * The runs a runner is to see, oldest first, with their tasks: every run it holds (never cut: a held run
- * missing from the list would look finished to it), then queued runs up to `limit` runs in all.
+ * missing from the list would look finished to it; a claim past `limit` held runs is refused, so they fit),
+ * then queued runs up to `limit` runs in all. Two queries, whatever the number of runs.
  */
 export async function listRunnerRuns(db: Db, runnerId: string, limit: number): Promise<Array<{ job: JobRow; task: TaskRow }>> {
   const runs = (condition: SQL | undefined) =>
@@ -36,6 +37,12 @@ export async function listRunnerRuns(db: Db, runnerId: string, limit: number): P
   const claimed = await runs(held);
   const room = limit - claimed.length;
   return room > 0 ? [...claimed, ...(await runs(eq(jobs.status, 'PENDING')).limit(room))] : claimed;
+}
+
+/** How many runs the runner holds (heldByRunner): claimed, or cancelled under it before its receipt. */
+export async function countHeldRuns(db: Db, runnerId: string): Promise<number> {
+  const [row] = await db.select({ n: sql<number>`count(*)::int` }).from(jobs).where(and(eq(jobs.runnerId, runnerId), held));
+  return row?.n ?? 0;
 }
 
 /** One run of the runner, with its task; null when it is not the runner's (or does not exist). */

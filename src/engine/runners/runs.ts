@@ -17,6 +17,7 @@ import { bumpWorkVersion, touchRunner, type RunnerRow } from '../../store/runner
 import {
   clearPendingPermissions,
   controlsAfter,
+  countHeldRuns,
   dropEventPartsOfJob,
   findMessage,
   findRunnerRun,
@@ -100,10 +101,10 @@ function checkGeneration(job: JobRow, generation: number): void {
 }
 
 /**
- * Claims a queued run (the task's turn: nothing of it runs, nothing older waits), or claims again an
- * executing run of this runner (a restarted runner whose process died): a new generation either way, and
- * whatever parts an older generation staged are dropped. A syncing run must not start again; a finished
- * or cancelled one cannot be claimed.
+ * Claims a queued run (the task's turn: nothing of it runs, nothing older waits; and the runner holds
+ * fewer than RUNNER_LIMITS.listedRuns runs), or claims again an executing run of this runner (a restarted
+ * runner whose process died): a new generation either way, and whatever parts an older generation staged
+ * are dropped. A syncing run must not start again; a finished or cancelled one cannot be claimed.
  */
 export async function claimRun(db: Db, runner: RunnerRow, runId: string): Promise<RunManifest> {
   const claimed = await db.transaction(async (tx) => {
@@ -112,6 +113,10 @@ export async function claimRun(db: Db, runner: RunnerRow, runId: string): Promis
     const { job, task } = locked;
     if (job.status === 'PENDING') {
       if (await taskHasEarlierWork(tx, job)) throw new ConflictError('an earlier run of this task has not finished yet');
+      // Held runs are always listed (GET /runs): their number is bounded here, so that the list is.
+      if ((await countHeldRuns(tx, runner.id)) >= RUNNER_LIMITS.listedRuns) {
+        throw new ConflictError(`this runner holds ${RUNNER_LIMITS.listedRuns} runs already: send a receipt before claiming another`);
+      }
     } else if (!(job.status === 'IN_PROGRESS' && job.runnerState === 'executing')) {
       const state = runStateOf(job.status as JobStatus, job.runnerState);
       throw new ConflictError(state === 'syncing' ? 'the run is syncing: it may not start again' : `the run is ${state}; it cannot be claimed`, { state });
