@@ -160,6 +160,9 @@ describe('svc runner start and status', () => {
     await outbox.append({ kind: 'message', data: { text: 'one' } });
     await outbox.append({ kind: 'final', data: { answer: 'done' } });
     await outbox.close();
+    // A run folder the daemon moved aside because its state was damaged.
+    const quarantined = join(home.quarantineDir, randomUUID());
+    mkdirSync(quarantined, { recursive: true });
 
     const status = await runSvc(['runner', 'status', '--json', '--home', home.dir], {}, SPAWN_TIMEOUT_MS);
     expect(status.code).toBe(0);
@@ -174,6 +177,7 @@ describe('svc runner start and status', () => {
     const text = await runSvc(['runner', 'status', '--home', home.dir], {}, SPAWN_TIMEOUT_MS);
     expect(text.stdout).toContain('identity: unreachable');
     expect(text.stdout).toMatch(/fix-it\s+2\s+finished \(completed\)\s+2 event\(s\)/);
+    expect(text.stdout).toContain(`Moved aside because their state was damaged (the runs were reported failed; remove them when done):\n  ${quarantined}\n`);
   });
 });
 

@@ -21,6 +21,7 @@ import { RunOutbox } from '../src/runner/outbox.js';
 import { lockHolder } from '../src/runner/lock.js';
 import { addProject } from '../src/runner/projects.js';
 import { RunRecords, groupExists } from '../src/runner/run-state.js';
+import { runnerStatus } from '../src/runner/status.js';
 import { startFakeModel, type FakeModel, type ScriptedAnswer } from './support/fake-model.js';
 
 interface PeerRun {
@@ -427,6 +428,57 @@ describe('the runner daemon against a protocol peer', () => {
     expect(s.peer.runs.get(run.runId)!.journal).toHaveLength(backlog.lastSequence);
     expect(s.peer.runs.get(run.runId)!.claims).toBe(1);
     expect(s.model.requests).toHaveLength(1);
+  });
+
+  it('moves a run whose state here is damaged aside, reports it failed without running it, and goes on with the others', async () => {
+    const s = await setup([{ toolCalls: [{ name: 'finish', arguments: { summary: 'Done.' } }] }]);
+    const records = new RunRecords(s.home);
+    /** A run this runner claimed in an earlier life. */
+    const claimed = () => {
+      const manifest = s.peer.addRun({ projectId: s.projectId, permissionMode: 'full' });
+      Object.assign(s.peer.runs.get(manifest.runId)!, { claims: 1 });
+      Object.assign(s.peer.runs.get(manifest.runId)!.manifest, { state: 'executing', generation: 1 });
+      return s.peer.runs.get(manifest.runId)!.manifest;
+    };
+    // Its record is cut short, and a process it started still runs.
+    const brokenRecord = claimed();
+    mkdirSync(records.dirOf(brokenRecord.runId), { recursive: true });
+    writeFileSync(join(records.dirOf(brokenRecord.runId), 'run.json'), '{"manifest":{"runId":');
+    const leftover = spawn('sleep', ['300'], { detached: true, stdio: 'ignore' });
+    cleanups.push(() => groupExists(leftover.pid!) && process.kill(-leftover.pid!, 'SIGKILL'));
+    mkdirSync(records.groupsDirOf(brokenRecord.runId), { recursive: true });
+    writeFileSync(join(records.groupsDirOf(brokenRecord.runId), 'left.pid'), `${leftover.pid}\n`);
+    // Its record is whole but its outbox has a damaged line before others.
+    const brokenOutbox = claimed();
+    records.write({ manifest: brokenOutbox, phase: 'finished', outcome: { status: 'completed', finalAnswer: 'Done.' } });
+    writeFileSync(join(records.dirOf(brokenOutbox.runId), 'events.jsonl'), `not an entry\n${JSON.stringify({ sequence: 2, event: { kind: 'message', data: { text: 'x' } } })}\n`);
+    const queued = s.peer.addRun({ projectId: s.projectId, permissionMode: 'full' });
+
+    // `svc runner status` shows both as they are, and does not fail.
+    const before = await runnerStatus(s.home, { timeoutMs: 1_000 });
+    expect(before.runs.filter((run) => run.problem).map((run) => run.runId).sort()).toEqual([brokenRecord.runId, brokenOutbox.runId].sort());
+
+    s.start();
+    for (const run of [brokenRecord, brokenOutbox]) {
+      const receipt = await waitFor(`the receipt of ${run.runId}`, () => s.peer.runs.get(run.runId)!.receipt);
+      expect(receipt.outcome).toEqual({ status: 'failed', error: expect.stringMatching(/^the runner's state of this run was damaged/) });
+      expect(s.peer.runs.get(run.runId)!.claims).toBe(1);
+      expect(s.peer.runs.get(run.runId)!.journal.at(-1)).toEqual({ kind: 'error', data: { message: receipt.outcome.error } });
+    }
+    expect(await waitFor('the queued run to complete', () => s.peer.runs.get(queued.runId)!.receipt)).toMatchObject({ outcome: { status: 'completed' } });
+    expect(s.model.requests).toHaveLength(1);
+    expect(groupExists(leftover.pid!)).toBe(false);
+
+    // Moved aside as they were, for the user to look at; the log says where.
+    const quarantined = join(s.home.dir, 'quarantine');
+    expect(readFileSync(join(quarantined, brokenRecord.runId, 'run.json'), 'utf8')).toBe('{"manifest":{"runId":');
+    expect(readFileSync(join(quarantined, brokenOutbox.runId, 'events.jsonl'), 'utf8')).toMatch(/^not an entry\n/);
+    for (const run of [brokenRecord, brokenOutbox]) {
+      expect(s.logs.some((line) => line.includes(run.runId) && line.includes(join(quarantined, run.runId)))).toBe(true);
+    }
+    await waitFor('the runs to be forgotten', () => !existsSync(records.dirOf(brokenRecord.runId)) && !existsSync(records.dirOf(brokenOutbox.runId)));
+    const after = await runnerStatus(s.home, { timeoutMs: 1_000 });
+    expect(after.quarantined.map((entry) => entry.runId).sort()).toEqual([brokenRecord.runId, brokenOutbox.runId].sort());
   });
 
   it('stops a cancelled run and reports it cancelled; drops a deleted one without a receipt', async () => {

@@ -71,6 +71,10 @@ function printStatus(status: RunnerStatus): void {
       })),
     ) || 'No runs in progress.\n',
   );
+  if (status.quarantined.length > 0) {
+    const lines = status.quarantined.map((entry) => `  ${entry.path}`);
+    process.stdout.write(`\nMoved aside because their state was damaged (the runs were reported failed; remove them when done):\n${lines.join('\n')}\n`);
+  }
 }
 
 export function registerRunner(program: Command): void {

@@ -3,10 +3,11 @@
  *
  * At start it takes over what an earlier life left: runs that were executing are stopped (their
  * recorded process groups killed) and reported failed, finished runs resume delivery and completion
- * (run-state.ts); none is executed again. A run whose record or outbox is damaged is quarantined: logged
- * with its path, left as it is on disk (`svc runner status` shows it), never claimed or reported here,
- * while the others go on. Then it discovers what it can run, heartbeats, and long-polls
- * `POST /runners/signals`:
+ * (run-state.ts); none is executed again. A run whose state here is damaged (its record or outbox, or
+ * anything that makes taking it over fail) is quarantined: its folder is moved aside as it is
+ * (`quarantine/`, shown by `svc runner status`), the log says where, and once the server lists it the run
+ * is reported failed with a fresh outbox, never executed again; the others go on. Then it discovers what
+ * it can run, heartbeats, and long-polls `POST /runners/signals`:
  *
  * - a new work version: list `/runs`, claim queued runs up to the concurrency (one run per task at a
  *   time), stop cancelled ones (their receipt says `cancelled`), forget runs the server no longer lists;
@@ -18,7 +19,16 @@
  * credential the server does not know. SIGINT/SIGTERM stop the runs' process groups and keep the outbox:
  * the next start reports those runs failed after delivering their events.
  */
-import { RUNNER_LIMITS, type Capabilities, type ListRunsResponse, type ProjectRegistration, type RunManifest, type RunOutcome, type SignalsResponse } from '../protocol/runner.js';
+import {
+  RUNNER_LIMITS,
+  type Capabilities,
+  type ListRunsResponse,
+  type ProjectRegistration,
+  type RunManifest,
+  type RunOutcome,
+  type RunnerEvent,
+  type SignalsResponse,
+} from '../protocol/runner.js';
 import { assertNever } from '../domain/errors.js';
 import { runnerVersion } from './about.js';
 import { backoffDelay, sleep } from './backoff.js';
@@ -29,7 +39,7 @@ import { startExecution, type Execution } from './execute.js';
 import type { Connection, RunnerHome } from './home.js';
 import { acquireRunnerLock, type RunnerLock } from './lock.js';
 import { errorText, stderrLog, type Log } from './log.js';
-import { OutboxCorruptError, RunOutbox } from './outbox.js';
+import { RunOutbox } from './outbox.js';
 import { registrationOf } from './projects.js';
 import { reviewAnswer } from './review.js';
 import { RunRecords, type RunRecord } from './run-state.js';
@@ -37,6 +47,7 @@ import { Uploader } from './upload.js';
 
 export const STOPPED_WHILE_EXECUTING = 'the runner stopped while this run executed';
 const LOST_STATE = 'the runner lost the state of this run';
+export const DAMAGED_STATE = "the runner's state of this run was damaged; it was moved aside on the computer";
 
 export interface DaemonOptions {
   home: RunnerHome;
@@ -84,8 +95,11 @@ export class RunnerDaemon {
   private readonly cursors = new Map<string, number>();
   /** Runs forgotten while their execution still unwinds: it must not record them again. */
   private readonly forgotten = new Set<string>();
-  /** Runs whose state here is damaged: left alone, never claimed or adopted again. */
-  private readonly quarantined = new Set<string>();
+  /**
+   * Runs whose state here was damaged: never claimed again. `movedAside`: their folder is in quarantine/,
+   * so they are reported failed afresh once listed; otherwise they are left alone.
+   */
+  private readonly quarantined = new Map<string, { movedAside: boolean }>();
   private readonly reviewsInFlight = new Set<string>();
   private readonly reviewsAnswered = new Set<string>();
   private listedVersion: string | null = null;
@@ -161,27 +175,37 @@ export class RunnerDaemon {
   // ---- start: what an earlier life left ----
 
   private async recover(): Promise<void> {
+    // Moved aside in an earlier life; reported since, or still to be.
+    for (const { runId } of this.records.quarantined()) this.quarantined.set(runId, { movedAside: true });
     const { records, damaged } = this.records.scan();
     for (const { runId, path, problem } of damaged) {
       // Whatever it ran is stopped all the same: nothing here can report or control it any more.
-      await this.stopLeftGroups(runId);
+      await this.stopLeftGroups(runId).catch((error: unknown) => this.log(`run ${runId}: its process groups could not be stopped: ${errorText(error)}`));
       this.quarantine(runId, `its record ${path} is damaged (${problem})`);
     }
     for (const found of records) {
-      const { runId } = found.manifest;
-      if (found.phase === 'executing') await this.stopLeftGroups(runId);
-      const outbox = await this.openOutbox(found.manifest);
-      if (!outbox) continue;
-      let record = found;
-      if (record.phase === 'executing') {
-        await outbox.append({ kind: 'error', data: { message: STOPPED_WHILE_EXECUTING } });
-        record = this.records.write({ manifest: record.manifest, phase: 'finished', outcome: { status: 'failed', error: STOPPED_WHILE_EXECUTING } });
+      try {
+        await this.takeOver(found);
+      } catch (error) {
+        this.quarantine(found.manifest.runId, `it could not be taken over: ${errorText(error)}`);
       }
-      this.log(`run ${runId}: resuming delivery (${outbox.backlog().entries} event(s) to send)`);
-      this.outboxes.set(runId, outbox);
-      this.uploader.add({ runId, generation: record.manifest.generation, outbox });
-      this.deliver(record, outbox);
     }
+  }
+
+  private async takeOver(found: RunRecord): Promise<void> {
+    const { runId } = found.manifest;
+    if (found.phase === 'executing') await this.stopLeftGroups(runId);
+    const outbox = await this.openOutbox(found.manifest);
+    if (!outbox) return;
+    let record = found;
+    if (record.phase === 'executing') {
+      await outbox.append({ kind: 'error', data: { message: STOPPED_WHILE_EXECUTING } });
+      record = this.records.write({ manifest: record.manifest, phase: 'finished', outcome: { status: 'failed', error: STOPPED_WHILE_EXECUTING } });
+    }
+    this.log(`run ${runId}: resuming delivery (${outbox.backlog().entries} event(s) to send)`);
+    this.outboxes.set(runId, outbox);
+    this.uploader.add({ runId, generation: record.manifest.generation, outbox });
+    this.deliver(record, outbox);
   }
 
   private async stopLeftGroups(runId: string): Promise<void> {
@@ -189,20 +213,26 @@ export class RunnerDaemon {
     if (stopped > 0) this.log(`run ${runId}: stopped ${stopped} process group(s) left from before`);
   }
 
-  /** The run's outbox; null when it is damaged, and the run is quarantined. */
+  /** The run's outbox; null when it cannot be opened (damaged, or the disk refuses), and the run is quarantined. */
   private async openOutbox(manifest: RunManifest): Promise<RunOutbox | null> {
     try {
       return await RunOutbox.open(this.records.dirOf(manifest.runId), manifest.eventsStored);
     } catch (error) {
-      if (!(error instanceof OutboxCorruptError)) throw error;
-      this.quarantine(manifest.runId, error.message);
+      this.quarantine(manifest.runId, errorText(error));
       return null;
     }
   }
 
+  /** Moves a run whose state here is damaged aside; it is reported failed once the server lists it. */
   private quarantine(runId: string, why: string): void {
-    this.quarantined.add(runId);
-    this.log(`run ${runId} is left alone: ${why}. Nothing of it is sent or executed here until it is moved away (svc runner status lists it)`);
+    try {
+      const path = this.records.quarantine(runId);
+      this.quarantined.set(runId, { movedAside: true });
+      this.log(`run ${runId}: ${why}; its folder was moved to ${path}, and the run is reported failed, never executed here again`);
+    } catch (error) {
+      this.quarantined.set(runId, { movedAside: false });
+      this.log(`run ${runId}: ${why}; its folder ${this.records.dirOf(runId)} could not be moved aside (${errorText(error)}): the run is left alone until it is (svc runner status lists it)`);
+    }
   }
 
   // ---- heartbeat ----
@@ -334,8 +364,12 @@ export class RunnerDaemon {
     }
     const candidates: RunManifest[] = [];
     for (const run of listing.runs) {
-      if (this.quarantined.has(run.runId)) continue;
       const known = this.executing.has(run.runId) || this.delivering.has(run.runId);
+      const quarantined = this.quarantined.get(run.runId);
+      if (quarantined) {
+        if (!known && quarantined.movedAside) await this.reportQuarantined(run);
+        continue;
+      }
       switch (run.state) {
         case 'cancelled':
           if (this.executing.has(run.runId)) {
@@ -374,12 +408,33 @@ export class RunnerDaemon {
     this.listedVersion = listing.version;
   }
 
-  /** A claimed run this runner has no record of: report it as the server sees it must end. */
-  private async adopt(run: RunManifest, phase: 'finished' | 'synced', outcome: RunOutcome): Promise<void> {
+  /** A run moved aside that the server still holds claimed: reported failed (cancelled if it was), from a fresh record. */
+  private async reportQuarantined(run: RunManifest): Promise<void> {
+    const error: RunnerEvent = { kind: 'error', data: { message: DAMAGED_STATE } };
+    switch (run.state) {
+      case 'executing':
+        return this.adopt(run, 'finished', { status: 'failed', error: DAMAGED_STATE }, error);
+      case 'syncing':
+        return this.adopt(run, 'synced', { status: 'failed', error: DAMAGED_STATE }, error);
+      case 'cancelled':
+        if (run.generation >= 1) await this.adopt(run, 'finished', { status: 'cancelled' });
+        return;
+      case 'queued':
+      case 'completed':
+      case 'failed':
+        return;
+      default:
+        assertNever(run.state);
+    }
+  }
+
+  /** A claimed run this runner has no record of: report it as the server sees it must end, after `event` if given. */
+  private async adopt(run: RunManifest, phase: 'finished' | 'synced', outcome: RunOutcome, event?: RunnerEvent): Promise<void> {
     if (this.records.read(run.runId)) return;
     const record = this.records.write({ manifest: run, phase, outcome });
     const outbox = await this.openOutbox(run);
     if (!outbox) return;
+    if (event) await outbox.append(event);
     this.outboxes.set(run.runId, outbox);
     this.uploader.add({ runId: run.runId, generation: run.generation, outbox });
     this.deliver(record, outbox);

@@ -6,6 +6,7 @@
  *   models.json       optional, written by the user: model lists per harness (discovery.ts)
  *   daemon.lock       the daemon's exclusive lock (lock.ts)
  *   runs/<run id>/    a claimed run's phase, outbox and process groups (run-state.ts, outbox.ts)
+ *   quarantine/       run folders whose state was damaged, moved aside as they were (run-state.ts)
  *   worktrees/<task>/ a task's folder: one git worktree per repository of its project (worktree.ts)
  */
 import { randomBytes } from 'node:crypto';
@@ -154,6 +155,10 @@ export class RunnerHome {
 
   get runsDir(): string {
     return join(this.dir, 'runs');
+  }
+
+  get quarantineDir(): string {
+    return join(this.dir, 'quarantine');
   }
 
   runDir(runId: string): string {

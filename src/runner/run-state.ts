@@ -13,10 +13,11 @@
  * with its leader's identity (process-identity.ts): a group is stopped only while that leader still runs,
  * never by a bare group id that may be another program's by now.
  *
- * A record that cannot be read (not JSON, not a record) is damaged: `scan` lists it apart, and the daemon
- * leaves that run alone (quarantined) while the others go on.
+ * A record that cannot be read (not JSON, not a record) is damaged: `scan` lists it apart. The daemon
+ * then moves the run's folder aside as it is (`quarantine/<run id>`, for the user to look at), reports the
+ * run failed, and goes on with the others.
  */
-import { existsSync, readFileSync, readdirSync, rmSync, statSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, readdirSync, renameSync, rmSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { z } from 'zod';
 import { RunManifest, RunOutcome } from '../protocol/runner.js';
@@ -141,6 +142,26 @@ export class RunRecords {
     const full = RunRecord.parse({ ...record, updatedAt: new Date().toISOString() });
     writeFileAtomic(join(this.dirOf(full.manifest.runId), RECORD), `${JSON.stringify(full)}\n`);
     return full;
+  }
+
+  /** Moves the run's folder, as it is, into the home's quarantine folder; answers where it went. */
+  quarantine(runId: string): string {
+    const dir = this.home.quarantineDir;
+    mkdirSync(dir, { recursive: true, mode: 0o700 });
+    let target = join(dir, runId);
+    for (let n = 2; existsSync(target); n++) target = join(dir, `${runId}.${n}`);
+    renameSync(this.dirOf(runId), target);
+    return target;
+  }
+
+  /** The run folders moved aside, each with its run id. */
+  quarantined(): Array<{ runId: string; path: string }> {
+    const dir = this.home.quarantineDir;
+    if (!existsSync(dir)) return [];
+    return readdirSync(dir)
+      .sort()
+      .map((entry) => ({ runId: entry.slice(0, 36), path: join(dir, entry) }))
+      .filter((entry) => z.uuid().safeParse(entry.runId).success);
   }
 
   /** Forgets the run: record, outbox and all. */

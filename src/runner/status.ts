@@ -29,6 +29,8 @@ export interface RunnerStatus {
     pendingBytes: number | null;
     problem?: string;
   }>;
+  /** Run folders the daemon moved aside because their state was damaged (their runs were reported failed). */
+  quarantined: Array<{ runId: string; path: string }>;
 }
 
 export async function runnerStatus(home: RunnerHome, options: { timeoutMs?: number } = {}): Promise<RunnerStatus> {
@@ -81,5 +83,6 @@ export async function runnerStatus(home: RunnerHome, options: { timeoutMs?: numb
       repositories: project.repositories.map((repository) => repository.name),
     })),
     runs,
+    quarantined: records.quarantined(),
   };
 }
