@@ -18,6 +18,11 @@ export function heldByRunner(job: { status: string; runnerState: string | null }
   return job.runnerState !== null && (job.status === 'IN_PROGRESS' || job.status === 'CANCELLED');
 }
 
+/** Whether a runner executes a run now: claimed and not syncing (nor cancelled: those it only holds). */
+export function executingOnRunner(job: { status: string; runnerState: string | null }): boolean {
+  return job.status === 'IN_PROGRESS' && job.runnerState === 'executing';
+}
+
 /** heldByRunner as a condition on `jobs`. */
 const held = and(isNotNull(jobs.runnerState), inArray(jobs.status, ['IN_PROGRESS', 'CANCELLED']));
 

@@ -21,6 +21,7 @@ import { findRunner, wakeRunner, type RunnerRow } from '../../store/runners.js';
 import {
   answerLocalRequest,
   answerReviewRequest,
+  executingOnRunner,
   findLocalRequest,
   findReviewRequest,
   insertControl,
@@ -115,7 +116,7 @@ export async function answerPermission(db: Db, owner: Owner, idOrSlug: string, r
       }
     }
     const [job] = await tx.select().from(jobs).where(eq(jobs.id, request.jobId)).for('update');
-    if (!job || job.status !== 'IN_PROGRESS' || job.runnerState !== 'executing') throw new ConflictError('The run that asked has stopped; the request was cleared');
+    if (!job || !executingOnRunner(job)) throw new ConflictError('The run that asked has stopped; the request was cleared');
     const message = { type: 'permission', requestId, decision: body.decision, ...(body.answers ? { answers: body.answers } : {}) };
     await insertControl(tx, task.runnerId, job.id, message);
     await answerLocalRequest(tx, request.id, message, owner.userId);
@@ -148,7 +149,7 @@ export async function answerAsyncQuestion(db: Db, owner: Owner, idOrSlug: string
     const runner = await findRunner(tx, task.runnerId);
     const takesAnswers = job?.agentProvider ? (runner?.capabilities as Capabilities | undefined)?.nativeControls?.[job.agentProvider]?.asyncQuestions === true : false;
     const id = randomUUID();
-    if (job && takesAnswers && job.status === 'IN_PROGRESS' && job.runnerState === 'executing') {
+    if (job && takesAnswers && executingOnRunner(job)) {
       await insertControl(tx, task.runnerId, job.id, { type: 'async_question_answer', id, requestId, text });
       await answerLocalRequest(tx, request.id, { id, text, via: 'control' }, owner.userId);
     } else {

@@ -19,6 +19,7 @@ import {
   controlsAfter,
   countHeldRuns,
   dropEventPartsOfJob,
+  executingOnRunner,
   findMessage,
   findRunnerRun,
   heldByRunner,
@@ -117,7 +118,7 @@ export async function claimRun(db: Db, runner: RunnerRow, runId: string): Promis
       if ((await countHeldRuns(tx, runner.id)) >= RUNNER_LIMITS.listedRuns) {
         throw new ConflictError(`this runner holds ${RUNNER_LIMITS.listedRuns} runs already: send a receipt before claiming another`);
       }
-    } else if (!(job.status === 'IN_PROGRESS' && job.runnerState === 'executing')) {
+    } else if (!executingOnRunner(job)) {
       const state = runStateOf(job.status as JobStatus, job.runnerState);
       throw new ConflictError(state === 'syncing' ? 'the run is syncing: it may not start again' : `the run is ${state}; it cannot be claimed`, { state });
     }
