@@ -19,6 +19,7 @@ import { RunnerDaemon, STOPPED_WHILE_EXECUTING } from '../src/runner/daemon.js';
 import { RunnerHome } from '../src/runner/home.js';
 import { RunOutbox } from '../src/runner/outbox.js';
 import { lockHolder } from '../src/runner/lock.js';
+import type { Log } from '../src/runner/log.js';
 import { addProject } from '../src/runner/projects.js';
 import { RunRecords, groupExists } from '../src/runner/run-state.js';
 import { runnerStatus } from '../src/runner/status.js';
@@ -265,7 +266,7 @@ interface Setup {
   projectId: string;
   env: NodeJS.ProcessEnv;
   logs: string[];
-  start(concurrency?: number): { daemon: RunnerDaemon; running: Promise<void> };
+  start(concurrency?: number, log?: Log): { daemon: RunnerDaemon; running: Promise<void> };
 }
 
 async function setup(script: ScriptedAnswer[]): Promise<Setup> {
@@ -304,9 +305,9 @@ async function setup(script: ScriptedAnswer[]): Promise<Setup> {
     projectId: project.id,
     env,
     logs,
-    start(concurrency = 2) {
+    start(concurrency = 2, log: Log = (line) => logs.push(line)) {
       // Backoff waits stay short (a tenth of each ceiling) so that retries happen within the test.
-      const daemon = new RunnerDaemon({ home, concurrency, env, log: (line) => logs.push(line), client: { random: () => 0.1 } });
+      const daemon = new RunnerDaemon({ home, concurrency, env, log, client: { random: () => 0.1 } });
       const running = daemon.run();
       cleanups.push(async () => {
         daemon.stop();
@@ -479,6 +480,33 @@ describe('the runner daemon against a protocol peer', () => {
     await waitFor('the runs to be forgotten', () => !existsSync(records.dirOf(brokenRecord.runId)) && !existsSync(records.dirOf(brokenOutbox.runId)));
     const after = await runnerStatus(s.home, { timeoutMs: 1_000 });
     expect(after.quarantined.map((entry) => entry.runId).sort()).toEqual([brokenRecord.runId, brokenOutbox.runId].sort());
+  });
+
+  it('goes on when its log fails: a run is still delivered and reported, a deleted one still dropped, and nothing is left unhandled', async () => {
+    const s = await setup([
+      { toolCalls: [{ name: 'finish', arguments: { summary: 'Done.' } }] },
+      { toolCalls: [{ name: 'run_command', arguments: { command: 'echo two' } }] },
+    ]);
+    const unhandled: unknown[] = [];
+    const onUnhandled = (reason: unknown) => unhandled.push(reason);
+    process.on('unhandledRejection', onUnhandled);
+    cleanups.push(() => process.off('unhandledRejection', onUnhandled));
+    const failingLog: Log = (line) => {
+      s.logs.push(line);
+      throw new Error('EPIPE: the log is gone');
+    };
+    const finished = s.peer.addRun({ projectId: s.projectId, permissionMode: 'full' });
+    s.start(2, failingLog);
+    const receipt = await waitFor('the completion receipt', () => s.peer.runs.get(finished.runId)!.receipt);
+    expect(receipt.outcome).toEqual({ status: 'completed', finalAnswer: 'Done.' });
+
+    const deleted = s.peer.addRun({ projectId: s.projectId });
+    await waitFor('the permission', () => s.peer.permissions(deleted.runId)[0]);
+    s.peer.delete(deleted.runId);
+    await waitFor('the deleted run to be forgotten', () => !existsSync(s.home.runDir(deleted.runId)) && !existsSync(s.home.runDir(finished.runId)));
+    expect(s.peer.runs.get(finished.runId)!.claims).toBe(1);
+    expect(s.logs.some((line) => line.includes(`run ${finished.runId}: completed; delivering`))).toBe(true);
+    expect(unhandled).toEqual([]);
   });
 
   it('stops a cancelled run and reports it cancelled; drops a deleted one without a receipt', async () => {

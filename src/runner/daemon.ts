@@ -108,7 +108,15 @@ export class RunnerDaemon {
 
   constructor(options: DaemonOptions) {
     this.home = options.home;
-    this.log = options.log ?? stderrLog;
+    const sink = options.log ?? stderrLog;
+    // A log that fails (a closed stderr) must not break what the daemon was doing when it wrote the line.
+    this.log = (line) => {
+      try {
+        sink(line);
+      } catch {
+        // nowhere left to say it
+      }
+    };
     this.records = new RunRecords(options.home, this.log);
     this.env = options.env ?? process.env;
     this.concurrency = Math.max(1, options.concurrency ?? 2);
@@ -467,7 +475,14 @@ export class RunnerDaemon {
         (outcome) => this.afterExecution(record, outbox, outcome),
         (error: unknown) => this.afterExecution(record, outbox, { status: 'failed', error: errorText(error) }),
       )
-      .catch((error: unknown) => this.log(`run ${manifest.runId}: after its execution: ${errorText(error)}`));
+      .catch((error: unknown) => {
+        this.log(`run ${manifest.runId}: after its execution: ${errorText(error)}`);
+        // Neither executing nor delivering, it would look unclaimed here and be claimed again: it is
+        // reported failed instead.
+        if (!this.delivering.has(manifest.runId) && !this.forgotten.has(manifest.runId) && !this.shutdown.signal.aborted) {
+          this.quarantine(manifest.runId, `its end could not be handled: ${errorText(error)}`);
+        }
+      });
   }
 
   private afterExecution(record: RunRecord, outbox: RunOutbox, outcome: RunOutcome | null): void {
@@ -475,7 +490,7 @@ export class RunnerDaemon {
     this.executing.delete(runId);
     if (this.forgotten.has(runId)) {
       this.forgotten.delete(runId);
-      this.records.remove(runId);
+      this.removeRecords(runId);
       return;
     }
     // Stopped by the shutdown: it stays `executing`, and the next start reports it.
@@ -541,7 +556,16 @@ export class RunnerDaemon {
       void outbox?.close().catch(() => undefined);
       return;
     }
-    void (outbox ? outbox.close().catch(() => undefined) : Promise.resolve()).then(() => this.records.remove(runId));
+    void (outbox ? outbox.close().catch(() => undefined) : Promise.resolve()).then(() => this.removeRecords(runId));
+  }
+
+  /** Drops a forgotten run's folder; one that cannot be removed is logged and left (nothing uses it again). */
+  private removeRecords(runId: string): void {
+    try {
+      this.records.remove(runId);
+    } catch (error) {
+      this.log(`run ${runId}: its folder ${this.records.dirOf(runId)} could not be removed: ${errorText(error)}`);
+    }
   }
 
   private async stopEverything(): Promise<void> {
