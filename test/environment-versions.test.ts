@@ -3,7 +3,7 @@
  * changes both land; stacks are flattened; unused versions are collected; an environment from before
  * versions is adopted; the environment catches up with merges and runs setup when a manifest changed.
  */
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, writeFileSync } from 'node:fs';
+import { chmodSync, existsSync, mkdirSync, mkdtempSync, readdirSync, statSync, utimesSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
@@ -11,7 +11,7 @@ import pino from 'pino';
 import { Environments } from '../src/engine/environments.js';
 import { addRepository } from '../src/engine/repositories.js';
 import { parseEnvironmentConfig } from '../src/sandbox/environment.js';
-import { EnvironmentStore, MAX_LAYERS, type EnvironmentChange } from '../src/sandbox/environment-versions.js';
+import { EnvironmentStore, MAX_LAYERS, sameFiles, type EnvironmentChange } from '../src/sandbox/environment-versions.js';
 import { ForkManager, type Fork } from '../src/sandbox/fork.js';
 import { useTestApi, type Tenant, type TestApi } from './support/api.js';
 import { testDrivers } from './support/db.js';
@@ -109,24 +109,76 @@ describe('environment versions (the store)', () => {
     expect(index).toBe(MAX_LAYERS - 1);
     expect(await store.readFile(current, 'n.txt')).toBe(`${index - 1}\n`);
     expect(await store.readFile(current, 'deleted.txt')).toBeNull();
+    // It shows what the version it flattened showed: forks of that one are not behind it.
+    const flattened = store.read(current.version - 1)!;
+    expect(sameFiles(current, flattened.version)).toBe(true);
+    expect(sameFiles(current, flattened.version - 1)).toBe(false);
+    expect(sameFiles(flattened, flattened.version - 1)).toBe(false);
+    // Once nothing uses the versions before, their stacked layers go, and only the copy is left.
+    await store.collect(new Set(), Date.now() + 3_600_000);
+    expect(readdirSync(join(store.root, 'layers')).map((entry) => join(store.root, 'layers', entry))).toEqual(current.layers);
   });
 
   it('collects versions nobody uses and their layers, keeping the current one and those in use', async () => {
-    const { store } = newStore();
+    // Versions of whole copies: each has a layer of its own, which goes with it.
+    const root = mkdtempSync(join(tmpdir(), 'svc-env-collect-'));
+    const store = new EnvironmentStore(join(root, 'environment'), policy, () => undefined, { overlay: false });
     await store.init('first', async (dir) => writeFileSync(join(dir, 'a.txt'), '1\n'));
     for (let index = 2; index <= 4; index++) await store.change(`v${index}`, async (change) => sh(change.fork, `echo ${index} > a.txt`));
+    const layersOf = (...versions: number[]) => versions.map((version) => store.read(version)!.layers[0]!).sort();
+    const before = { all: layersOf(1, 2, 3, 4), kept: layersOf(2, 4) };
+    const layersLeft = () => readdirSync(join(store.root, 'layers')).map((entry) => join(store.root, 'layers', entry)).sort();
+    expect(layersLeft()).toEqual(before.all);
     // Right after the changes everything is within its grace period.
     expect(await store.collect(new Set())).toEqual({ versions: 0, layers: 0 });
     const later = Date.now() + 3_600_000;
-    const collected = await store.collect(new Set([2]), later);
-    expect(collected.versions).toBe(2);
+    expect(await store.collect(new Set([2]), later)).toEqual({ versions: 2, layers: 2 });
     expect(store.read(1)).toBeNull();
     expect(store.read(3)).toBeNull();
     expect(await store.readFile(store.read(2)!, 'a.txt')).toBe('2\n');
     expect(await store.readFile(store.current()!, 'a.txt')).toBe('4\n');
-    // Layers of the collected versions that nobody else uses went too.
-    const referenced = new Set([...store.read(2)!.layers, ...store.current()!.layers]);
-    expect(readdirSync(join(store.root, 'layers')).map((entry) => join(store.root, 'layers', entry)).filter((path) => !referenced.has(path))).toEqual([]);
+    // The layers of the collected versions went; those of the versions kept are all there.
+    expect(layersLeft()).toEqual(before.kept);
+    expect(readdirSync(join(store.root, 'changes'))).toEqual([]);
+  });
+
+  it('never collects a layer on its way to being published, however old its files are', async () => {
+    const { store } = newStore();
+    await store.init('first', async (dir) => writeFileSync(join(dir, 'a.txt'), '0\n'));
+    const longAgo = new Date(Date.now() - 3_600_000);
+    // Another process's collection starts in the middle of every publish.
+    const collections: Array<Promise<unknown>> = [];
+    const publish = store['publish'].bind(store);
+    store['publish'] = (record) => {
+      collections.push(store.collect(new Set()));
+      return publish(record);
+    };
+    for (let index = 1; index <= MAX_LAYERS; index++) {
+      await store.change(`change ${index}`, async (change) => {
+        await sh(change.fork, `echo ${index} > a.txt`);
+        // A long setup: the change's own directory was last written long ago.
+        utimesSync(change.fork.changesDir, longAgo, longAgo);
+      });
+      // So are the layers (a flattened copy takes their times).
+      for (const layer of store.current()!.layers) utimesSync(layer, longAgo, longAgo);
+    }
+    await Promise.all(collections);
+    const current = store.current()!;
+    expect(current.record.reason).toMatch(/^Flatten version \d+$/);
+    for (let version = 2; version <= current.version; version++) {
+      expect(store.read(version)!.layers.filter((layer) => !existsSync(layer))).toEqual([]);
+    }
+    expect(await store.readFile(current, 'a.txt')).toBe(`${MAX_LAYERS}\n`);
+  });
+
+  it('keeps the layers private to the service, also those of an environment made before', async () => {
+    const { store, root } = newStore();
+    await store.init('first', async (dir) => writeFileSync(join(dir, 'a.txt'), '0\n'));
+    const layers = join(store.root, 'layers');
+    expect(statSync(layers).mode & 0o777).toBe(0o700);
+    chmodSync(layers, 0o755);
+    await new EnvironmentStore(join(root, 'environment'), policy).init('again', async () => undefined);
+    expect(statSync(layers).mode & 0o777).toBe(0o700);
   });
 
   it('makes each version a whole copy where overlay mounts are unavailable, and forks copy it', async () => {

@@ -20,12 +20,22 @@
  * from the new current version. Without overlay mounts every version is one whole copy (slower, made
  * only on a change), so the forks of that host (copies themselves) work as before.
  *
- * Stacks stay shallow: past MAX_LAYERS a change flattens the stack into one copied layer.
+ * Collection (`collect`) deletes layers no version refers to, which includes a layer about to be
+ * published. So a layer enters `layers/` only with a fresh time (touched just before it moves there,
+ * whatever the times of the files it was made from), collection spares layers younger than a grace
+ * period and decides on the version records as they are when it deletes, and within a process
+ * collection and publishing never interleave.
+ *
+ * Stacks stay shallow: past MAX_LAYERS a change flattens the stack into one copied layer; the flattened
+ * version shows the same files, so forks of the version it flattened are not behind it (`sameFiles`).
+ *
+ * The layers are the environment's files as setup scripts left them (run as root in the sandbox, so
+ * possibly setuid): only the service's user may enter `layers/`.
  */
 import { randomBytes } from 'node:crypto';
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
-import { link, mkdir, readdir, rename, rm, stat, unlink, writeFile } from 'node:fs/promises';
-import { join } from 'node:path';
+import { chmod, link, mkdir, readdir, rename, rm, stat, unlink, utimes, writeFile } from 'node:fs/promises';
+import { join, resolve } from 'node:path';
 import { directSandbox, Fork, ForkManager, lowerdirOption, runProcessGroup, sandboxCapabilities, type EnvironmentSnapshot, type RunResult, type SandboxPolicy } from './fork.js';
 
 /** What a version holds and what is known about it. Paths of layers are stored relative to `layers/`. */
@@ -42,6 +52,8 @@ export interface VersionRecord {
   heads: Record<string, string>;
   /** Per repository directory: its last setup run, carried from version to version. */
   setups: Record<string, SetupRecord>;
+  /** Earlier versions that show exactly the same files (a flattened version's: the version it flattened). */
+  sameFilesAs?: number[];
 }
 
 /** A repository's setup as it last ran: on which commit, which commands, and whether they all passed. */
@@ -73,6 +85,11 @@ export class EnvironmentConflictError extends Error {
   }
 }
 
+/** The version an environment from before versions becomes (the first), in a layer named `legacy-…`. */
+export const LEGACY_VERSION = 1;
+const LEGACY_LAYER_PREFIX = 'legacy-';
+/** Beside a fork made before versions: the environment's in-place version then (`legacyLower`). */
+export const LEGACY_LOWER_SUFFIX = '.lower-version';
 /** Deeper stacks are flattened: every lookup of a file missing from the top walks the whole stack. */
 export const MAX_LAYERS = 16;
 /** A version superseded less than this long ago is kept: a job may have just picked it. */
@@ -83,6 +100,14 @@ const ATTEMPTS = 5;
 const CONFIG_PATH = '.svc/environment.json';
 
 const newId = (): string => `${Date.now().toString(36)}${randomBytes(4).toString('hex')}`;
+
+/** Per environment root, in this process: collection and publishing take turns (see the module comment). */
+const turns = new Map<string, Promise<void>>();
+
+/** Whether a fork made from version `lower` shows the same files as `version` (that version, or a flattening of it). */
+export function sameFiles(version: EnvironmentSnapshot & { record?: Pick<VersionRecord, 'sameFilesAs'> }, lower: number): boolean {
+  return version.version === lower || (version.record?.sameFilesAs ?? []).includes(lower);
+}
 
 export class EnvironmentStore {
   private readonly changes: ForkManager;
@@ -110,6 +135,47 @@ export class EnvironmentStore {
 
   private versionPath(version: number): string {
     return join(this.versionsDir, `${version}.json`);
+  }
+
+  /** Runs `work` while no other collection or publish of this environment runs in this process. */
+  private async exclusively<T>(work: () => Promise<T>): Promise<T> {
+    const key = resolve(this.root);
+    const previous = turns.get(key) ?? Promise.resolve();
+    const run = previous.then(work);
+    const done = run.then(
+      () => undefined,
+      () => undefined,
+    );
+    turns.set(key, done);
+    try {
+      return await run;
+    } finally {
+      if (turns.get(key) === done) turns.delete(key);
+    }
+  }
+
+  /**
+   * Moves a finished layer (`from`, outside `layers/`) into `layers/<id>` and publishes `record` on it, in
+   * turn with collection; the layer gets a fresh time first, so that a collection in another process
+   * spares it until its version exists. Null when that version exists already (the layer is removed).
+   */
+  private async publishLayer(from: string, id: string, record: VersionRecord): Promise<EnvironmentVersion | null> {
+    return this.exclusively(async () => {
+      const now = new Date();
+      await utimes(from, now, now);
+      const layer = join(this.layersDir, id);
+      await rename(from, layer);
+      const published = await this.publish(record);
+      if (!published) await rm(layer, { recursive: true, force: true });
+      return published;
+    });
+  }
+
+  /** `layers/` and `versions/`, made private (an environment from before kept them open to everyone). */
+  private async makeDirs(): Promise<void> {
+    await mkdir(this.layersDir, { recursive: true, mode: 0o700 });
+    await chmod(this.layersDir, 0o700);
+    await mkdir(this.versionsDir, { recursive: true });
   }
 
   /** The numbers of the published versions, ascending. */
@@ -154,9 +220,11 @@ export class EnvironmentStore {
     adopted: (facts: Pick<VersionRecord, 'config' | 'heads'>) => Record<string, SetupRecord> = () => ({}),
   ): Promise<EnvironmentVersion> {
     const existing = this.current();
-    if (existing) return existing;
-    await mkdir(this.layersDir, { recursive: true });
-    await mkdir(this.versionsDir, { recursive: true });
+    if (existing) {
+      await this.makeDirs();
+      return existing;
+    }
+    await this.makeDirs();
     const legacy = await this.legacyEntries();
     const id = legacy.length > 0 ? await this.adoptLegacy(legacy) : newId();
     const dir = join(this.layersDir, id);
@@ -190,12 +258,40 @@ export class EnvironmentStore {
 
   /** Moves a pre-version environment into a layer of its own (resumable: a crash leaves the rest to move). */
   private async adoptLegacy(entries: string[]): Promise<string> {
-    const started = (await readdir(this.layersDir)).filter((entry) => entry.startsWith('legacy-'));
-    const id = started[0] ?? `legacy-${newId()}`;
+    const started = (await readdir(this.layersDir)).filter((entry) => entry.startsWith(LEGACY_LAYER_PREFIX));
+    const id = started[0] ?? `${LEGACY_LAYER_PREFIX}${newId()}`;
     await mkdir(join(this.layersDir, id), { recursive: true });
     for (const entry of entries) await rename(join(this.root, entry), join(this.layersDir, id, entry));
-    this.log(`environment ${this.root}: moved into layer ${id} (version 1)`);
+    // A resumed move's layer may be old, and no version refers to it until version 1 is published.
+    const now = new Date();
+    await utimes(join(this.layersDir, id), now, now);
+    this.log(`environment ${this.root}: moved into layer ${id} (version ${LEGACY_VERSION})`);
     return id;
+  }
+
+  /**
+   * The version a fork made before versions existed was made from: the environment as it was moved into
+   * its `legacy-*` layer (version 1), touched as in use. `marker` is what the fork recorded beside it
+   * then (`.lower-version`: the environment's in-place version, kept in `<root>.version`), or null for a
+   * fork older than that record. Null when this environment was not adopted, that version is gone, or
+   * the environment had changed in place since the fork was made (the fork was already outdated then).
+   */
+  async legacyLower(marker: string | null): Promise<EnvironmentSnapshot | null> {
+    const version = this.read(LEGACY_VERSION);
+    const layer = version?.record.layers.length === 1 && version.record.layers[0]!.startsWith(LEGACY_LAYER_PREFIX) ? version.layers[0]! : null;
+    if (!layer || !existsSync(layer)) return null;
+    if (marker !== null) {
+      let adopted = '0';
+      try {
+        adopted = readFileSync(`${this.root}.version`, 'utf8');
+      } catch {
+        // Never changed in place: the in-place version was '0'.
+      }
+      if (marker !== adopted) return null;
+    }
+    const now = new Date();
+    await utimes(layer, now, now);
+    return { version: LEGACY_VERSION, layers: [layer] };
   }
 
   /**
@@ -216,7 +312,6 @@ export class EnvironmentStore {
         if (change.discard) return { version: base, result };
         const facts = await this.inspect(fork);
         const layer = newId();
-        await rename(fork.changesDir, join(this.layersDir, layer));
         const layers = fork.info.mode === 'overlay' ? [...base.record.layers, layer] : [layer];
         const record: VersionRecord = {
           version: base.version + 1,
@@ -226,13 +321,12 @@ export class EnvironmentStore {
           ...facts,
           setups: change.setups,
         };
-        const published = await this.publish(record);
+        const published = await this.publishLayer(fork.changesDir, layer, record);
         if (!published) {
-          await rm(join(this.layersDir, layer), { recursive: true, force: true });
           this.log(`environment ${this.root}: version ${record.version} was published by another change first; applying "${reason}" again`);
           continue;
         }
-        return { version: layers.length > MAX_LAYERS ? await this.flatten(published) : published, result };
+        return { version: layers.length > MAX_LAYERS ? await this.flattenPublished(published) : published, result };
       } finally {
         await this.changes.removeAll(id);
       }
@@ -309,13 +403,28 @@ export class EnvironmentStore {
     return result.stdout;
   }
 
+  /**
+   * Flattens a version just published; its change stands whatever happens here (a failed flattening is
+   * logged, and the next change tries again).
+   */
+  private async flattenPublished(version: EnvironmentVersion): Promise<EnvironmentVersion> {
+    try {
+      return await this.flatten(version);
+    } catch (error) {
+      this.log(`environment ${this.root}: ${(error as Error).message}`);
+      return version;
+    }
+  }
+
   /** Publishes a version of one layer holding everything `version` shows: a copy of its merged view. */
   private async flatten(version: EnvironmentVersion): Promise<EnvironmentVersion> {
     const id = newId();
-    const target = join(this.layersDir, id);
-    const mount = join(this.changes.dirOf(`flatten-${id}`));
+    // Made beside the changes, then moved into `layers/`: cp -a gives the copy the old times of the
+    // version's top directory, which would make it look abandoned to a collection while it is made.
+    const work = this.changes.dirOf(`flatten-${id}`);
+    const [mount, target] = [join(work, 'mount'), join(work, 'layer')];
+    await mkdir(mount, { recursive: true, mode: 0o700 });
     await mkdir(target);
-    await mkdir(mount, { recursive: true });
     try {
       // A read-only overlay of the lower layers alone (no upper) shows the version; cp -a keeps everything.
       const result = await runProcessGroup(
@@ -323,15 +432,19 @@ export class EnvironmentStore {
         { timeoutMs: 60 * 60_000 },
       );
       if (result.exitCode !== 0) throw new Error(`flattening version ${version.version} failed: ${result.stderr.trim()}`);
-      const published = await this.publish({ ...version.record, version: version.version + 1, layers: [id], createdAt: new Date().toISOString(), reason: `Flatten version ${version.version}` });
-      if (!published) {
-        await rm(target, { recursive: true, force: true });
-        return this.current()!;
-      }
+      const published = await this.publishLayer(target, id, {
+        ...version.record,
+        version: version.version + 1,
+        layers: [id],
+        createdAt: new Date().toISOString(),
+        reason: `Flatten version ${version.version}`,
+        sameFilesAs: [version.version, ...(version.record.sameFilesAs ?? [])],
+      });
+      if (!published) return this.current()!;
       this.log(`environment ${this.root}: version ${version.version} flattened into version ${published.version}`);
       return published;
     } finally {
-      await rm(mount, { recursive: true, force: true });
+      await rm(work, { recursive: true, force: true });
     }
   }
 
@@ -341,37 +454,42 @@ export class EnvironmentStore {
    * refers to, and changes abandoned by a process that died.
    */
   async collect(inUse: ReadonlySet<number>, now: number = Date.now()): Promise<{ versions: number; layers: number }> {
-    const numbers = this.versionNumbers();
-    const current = numbers.at(-1);
-    let versions = 0;
-    const kept = new Set<string>();
-    for (const [index, number] of numbers.entries()) {
-      const version = this.read(number);
-      const next = numbers[index + 1] === undefined ? null : this.read(numbers[index + 1]!);
-      const recent = next !== null && now - Date.parse(next.record.createdAt) < SUPERSEDED_GRACE_MS;
-      if (!version || number === current || inUse.has(number) || recent) {
-        for (const layer of version?.record.layers ?? []) kept.add(layer);
-        continue;
+    const changes = join(this.root, 'changes');
+    const { versions, doomed } = await this.exclusively(async () => {
+      const numbers = this.versionNumbers();
+      const current = numbers.at(-1);
+      let versions = 0;
+      for (const [index, number] of numbers.entries()) {
+        const version = this.read(number);
+        const next = numbers[index + 1] === undefined ? null : this.read(numbers[index + 1]!);
+        const recent = next !== null && now - Date.parse(next.record.createdAt) < SUPERSEDED_GRACE_MS;
+        if (!version || number === current || inUse.has(number) || recent) continue;
+        await rm(this.versionPath(number), { force: true });
+        versions += 1;
       }
-      await rm(this.versionPath(number), { force: true });
-      versions += 1;
-    }
-    let layers = 0;
-    if (existsSync(this.layersDir) && current !== undefined) {
+      const doomed: string[] = [];
+      if (current === undefined || !existsSync(this.layersDir)) return { versions, doomed };
+      // The records as they are now (another process may have published since they were read above).
+      const kept = new Set(this.versionNumbers().flatMap((number) => this.read(number)?.record.layers ?? []));
       for (const entry of await readdir(this.layersDir)) {
         if (kept.has(entry)) continue;
         // A layer younger than the grace may belong to a change about to publish.
         if (now - (await stat(join(this.layersDir, entry))).mtimeMs < SUPERSEDED_GRACE_MS) continue;
-        await rm(join(this.layersDir, entry), { recursive: true, force: true });
-        layers += 1;
+        // Out of `layers/` at once (a rename); removed below, outside the turn. A crash leaves it among
+        // the changes, as old as the layer was, to be removed as an abandoned one.
+        const trash = join(changes, `collected-${newId()}`);
+        await mkdir(changes, { recursive: true, mode: 0o700 });
+        await rename(join(this.layersDir, entry), trash);
+        doomed.push(trash);
       }
-    }
-    const changes = join(this.root, 'changes');
+      return { versions, doomed };
+    });
+    for (const trash of doomed) await rm(trash, { recursive: true, force: true });
     if (existsSync(changes)) {
       for (const entry of await readdir(changes)) {
         if (now - (await stat(join(changes, entry))).mtimeMs > ABANDONED_CHANGE_MS) await rm(join(changes, entry), { recursive: true, force: true });
       }
     }
-    return { versions, layers };
+    return { versions, layers: doomed.length };
   }
 }
