@@ -4,6 +4,7 @@
  * wakes the signals long polls waiting for it in every process.
  */
 import { and, asc, eq, inArray, isNotNull, isNull, lt, notInArray, sql } from 'drizzle-orm';
+import { ProjectRepository } from '../protocol/runner.js';
 import { notify, type Db } from './db.js';
 import { jobs, runnerEnrollments, runnerPairings, runnerProjects, runners } from './schema.js';
 
@@ -212,6 +213,22 @@ export async function listRunnerProjects(db: Db, runnerIds: readonly string[]): 
     .from(runnerProjects)
     .where(inArray(runnerProjects.runnerId, [...runnerIds]))
     .orderBy(asc(runnerProjects.name), asc(runnerProjects.id));
+}
+
+/**
+ * The repositories of a registered project, as the runner registered them (none: the projectless
+ * environment): the one reading of the stored list, for the user's list, delegation and the workspace
+ * shell. Each entry was checked on registration; of one that a later, stricter rule refuses, only the
+ * name stays, as every repository still counts (a delegation must cover each one).
+ */
+export function projectRepositories(project: Pick<RunnerProjectRow, 'repositories'>): ProjectRepository[] {
+  const stored: unknown[] = Array.isArray(project.repositories) ? project.repositories : [];
+  return stored.flatMap((entry) => {
+    const parsed = ProjectRepository.safeParse(entry);
+    if (parsed.success) return [parsed.data];
+    const name = ProjectRepository.shape.name.safeParse((entry as { name?: unknown } | null)?.name);
+    return name.success ? [{ name: name.data }] : [];
+  });
 }
 
 export async function findRunnerProject(db: Db, runnerId: string, projectId: string): Promise<RunnerProjectRow | null> {

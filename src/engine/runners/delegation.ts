@@ -36,7 +36,7 @@ import {
   type DelegationRow,
 } from '../../store/delegations.js';
 import { findRoutingConfigs } from '../../store/routing.js';
-import { findRunnerProject, type RunnerProjectRow, type RunnerRow } from '../../store/runners.js';
+import { findRunnerProject, projectRepositories, type RunnerRow } from '../../store/runners.js';
 import { findRunnerRun, lockRunnerRun } from '../../store/runs.js';
 import { insertJob, insertMessage, insertTask, updateTask, type JobRow, type TaskRow } from '../../store/tasks.js';
 import { findMembership, listUserWorkspaces, type UserWorkspace } from '../../store/users.js';
@@ -200,16 +200,10 @@ function checkInput(input: DelegateBody['input']): { title: string | null; agent
   return { title, agent };
 }
 
-/** The `owner/repo` names of a registered project's repositories (the projectless environment has none). */
-export function projectRepositoryNames(project: RunnerProjectRow): string[] {
-  const repositories = (project.repositories ?? []) as Array<{ name?: unknown }>;
-  return repositories.map((repository) => repository.name).filter((name): name is string => typeof name === 'string');
-}
-
 /** Every repository of the run's project must be handed off: the cloud task works on all of them. */
 async function uncovered(db: Db, runner: RunnerRow, local: TaskRow, input: DelegateBody['input']): Promise<string[]> {
   const project = local.projectId ? await findRunnerProject(db, runner.id, local.projectId) : null;
-  const names = project ? projectRepositoryNames(project) : [];
+  const names = project ? projectRepositories(project).map((repository) => repository.name) : [];
   return names.filter((name) => !input.repositories.some((entry) => entry.repository === name));
 }
 

@@ -20,7 +20,6 @@ import type { ValidationIssue } from '../../protocol/errors.js';
 import {
   Capabilities,
   EnrollmentReceipt,
-  ProjectRepository,
   RUNNER_LIMITS,
   type EnrollBody,
   type HeartbeatBody,
@@ -48,6 +47,7 @@ import {
   listRunnerProjects,
   listUserRunners,
   lockRunner,
+  projectRepositories,
   recordHeartbeat,
   releaseCancelledRuns,
   replaceRunnerProjects,
@@ -328,8 +328,7 @@ export async function heartbeat(db: Db, runner: RunnerRow, body: HeartbeatBody):
 // ---- The user's side ----
 
 function presentProject(row: RunnerProjectRow): RunnerSummary['projects'][number] {
-  const repositories = ProjectRepository.array().safeParse(row.repositories);
-  const list = repositories.success ? repositories.data : [];
+  const list = projectRepositories(row);
   return { id: row.id, name: row.name, repositories: list, projectless: list.length === 0 };
 }
 

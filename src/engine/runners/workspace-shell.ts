@@ -38,11 +38,11 @@ import {
   isSshGrantActive,
   type SshGrantRow,
 } from '../../store/delegations.js';
-import { findRunnerProject, type RunnerRow } from '../../store/runners.js';
+import { findRunnerProject, projectRepositories, type RunnerRow } from '../../store/runners.js';
 import { findMembership } from '../../store/users.js';
 import { findWorkspace, type Workspace } from '../../store/workspaces.js';
 import type { Environments } from '../environments.js';
-import { activeRun, chooseDestination, projectRepositoryNames } from './delegation.js';
+import { activeRun, chooseDestination } from './delegation.js';
 
 /** The REST path the grant's token works on, under the public URL (src/server/rest/workspace-shell.ts). */
 export const WORKSPACE_SHELL_PATH = '/api/v1/workspace-shell';
@@ -92,7 +92,7 @@ export async function requestWorkspaceSsh(
   const { task } = await activeRun(db, runner, runId, body.generation);
   const project = task.projectId ? await findRunnerProject(db, runner.id, task.projectId) : null;
   if (!project) return { ok: false, message: "The run's project is no longer registered by this runner; register it again (svc runner project add) and ask again." };
-  const repositories = projectRepositoryNames(project);
+  const repositories = projectRepositories(project).map((repository) => repository.name);
   const destination = await chooseDestination(db, { userId: runner.userId, repositories, workspaceId: body.input.workspaceId, sourceTaskId: task.id });
   if (destination.kind === 'refused') {
     const { kind: _kind, ...refusal } = destination;
