@@ -40,13 +40,13 @@ export interface RepositoryTarget {
 const SHA = /^[0-9a-f]{40}$/;
 
 /** `dir:sha,sha`: one argument per repository for the scripts below (dirs and shas hold no `:` or `,`). */
-const targetArgument = (target: RepositoryTarget): string => `${target.dir}:${target.known.filter((sha) => SHA.test(sha)).join(',')}`;
+export const targetArgument = (target: RepositoryTarget): string => `${target.dir}:${target.known.filter((sha) => SHA.test(sha)).join(',')}`;
 
 /**
  * Shell that sets `$nots` to the known commits (from `$shas`) that the repository has: the boundary of
  * what is new. Only commits the code host has may bound a bundle, so the fork's own refs are not used.
  */
-const KNOWN_IN_FORK = 'nots=""; for s in $(printf "%s" "$shas" | tr "," " "); do git cat-file -e "$s^{commit}" 2>/dev/null && nots="$nots $s"; done';
+export const KNOWN_IN_FORK = 'nots=""; for s in $(printf "%s" "$shas" | tr "," " "); do git cat-file -e "$s^{commit}" 2>/dev/null && nots="$nots $s"; done';
 
 function tail(text: string): string {
   const lines = text.trimEnd().split('\n').slice(-TAIL_LINES).join('\n');

@@ -23,7 +23,7 @@ import { listRepositories, type RepositoryRow } from '../store/repositories.js';
 import type { CheckProof } from '../store/schema.js';
 import { listMessages, type JobRow, type PullRequestRow, type TaskRow } from '../store/tasks.js';
 import { findWorkspace } from '../store/workspaces.js';
-import { bringBranch, clearTransfers, commitAndBundle, inspectRepositories, proofMarkdown, restoreBranch, runChecks } from './delivery.js';
+import { bringBranch, clearTransfers, commitAndBundle, inspectRepositories, KNOWN_IN_FORK, proofMarkdown, restoreBranch, runChecks, targetArgument } from './delivery.js';
 import type { Environments } from './environments.js';
 import { Handoff } from './runners/delegation.js';
 import { assertJobHeld, type JobResult } from './jobs.js';
@@ -164,23 +164,66 @@ export class JobRun {
 
   /**
    * A kept fork of an older environment version (merges or setups landed since) is replaced with a fresh
-   * fork of the current one when that loses nothing: no uncommitted change and no commit the code host
-   * lacks (what its open pull requests hold comes back with their branches). Otherwise the task goes on
-   * in its fork as it is, and the journal says why.
+   * fork of the current one when that loses nothing (`unsavedWork`; what its open pull requests hold
+   * comes back with their branches). Otherwise the task goes on in its fork as it is, and the journal
+   * says why.
    */
   private async renewIfSafe(fork: Fork, environment: EnvironmentVersion, targets: Target[]): Promise<{ fork: Fork; fresh: boolean }> {
-    const states = await inspectRepositories(fork, targets, this.input.signal);
-    const unsaved = states.filter((state) => state.dirty || state.ahead > 0).map((state) => targets.find((target) => target.dir === state.dir)?.repository.fullName ?? state.dir);
-    if (unsaved.length === 0) return { fork: await this.deps.forks.renew(fork, environment), fresh: true };
+    const unsaved = await this.unsavedWork(fork, targets);
+    if (unsaved.size === 0) return { fork: await this.deps.forks.renew(fork, environment), fresh: true };
+    const nameOf = (dir: string) => targets.find((target) => target.dir === dir)?.repository.fullName ?? dir;
+    const details = [...unsaved].map(([dir, what]) => `${nameOf(dir)} has ${what.join(', ')}`);
     await this.input.emit({
       kind: 'message',
       data: {
         text:
           `The environment changed since this task's fork was made (version ${fork.info.lower.version}, now ${environment.version}), but the fork holds work ` +
-          `that is in no pull request yet (${unsaved.join(', ')}), so the task goes on in it as it is.`,
+          `that is in no pull request yet (${[...unsaved.keys()].map(nameOf).join(', ')}), so the task goes on in it as it is: ${details.join('; ')}.`,
       },
     });
     return { fork, fresh: false };
+  }
+
+  /**
+   * What a fresh fork would lose, by repository directory: uncommitted changes, commits the code host lacks
+   * on HEAD, a stash, any other branch or tag with commits the code host lacks, and work set aside from a
+   * closed pull request (`svc-closed/*`, kept whatever it points at: the agent was told it is there).
+   * Refs that cannot be read count as work too.
+   */
+  private async unsavedWork(fork: Fork, targets: Target[]): Promise<Map<string, string[]>> {
+    const unsaved = new Map<string, string[]>();
+    const add = (dir: string, what: string) => unsaved.set(dir, [...(unsaved.get(dir) ?? []), what]);
+    for (const state of await inspectRepositories(fork, targets, this.input.signal)) {
+      if (state.dirty) add(state.dir, 'uncommitted changes');
+      if (state.ahead > 0) add(state.dir, `${state.ahead} commit${state.ahead === 1 ? '' : 's'} the code host lacks`);
+    }
+    if (targets.length === 0) return unsaved;
+    const script = [
+      'for t in "$@"; do',
+      '  d=${t%%:*}; shas=${t#*:}',
+      '  cd "/workspace/$d" 2>/dev/null && git rev-parse -q --verify HEAD >/dev/null || continue',
+      `  ${KNOWN_IN_FORK}`,
+      '  git rev-parse -q --verify refs/stash >/dev/null && printf "%s\tstash\n" "$d"',
+      // The checked-out branch is HEAD, counted above.
+      '  h=$(git symbolic-ref -q HEAD)',
+      '  git for-each-ref --format="%(refname)" refs/heads refs/tags | while read -r r; do',
+      '    case "$r" in refs/heads/svc-closed/*) printf "%s\tset-aside branch %s\n" "$d" "${r#refs/heads/}"; continue;; esac',
+      '    [ "$r" = "$h" ] && continue',
+      '    n=$(git rev-list --count "$r" --not $nots 2>/dev/null) || n=unknown',
+      '    [ "$n" = 0 ] || printf "%s\t%s %s\n" "$d" "$(case "$r" in refs/tags/*) echo tag;; *) echo branch;; esac)" "${r#refs/*/}"',
+      '  done',
+      'done',
+    ].join('\n');
+    const result = await fork.run(['sh', '-c', script, 'sh', ...targets.map(targetArgument)], { timeoutMs: 120_000, signal: this.input.signal });
+    if (result.exitCode !== 0) {
+      for (const target of targets) add(target.dir, 'refs that could not be read');
+      return unsaved;
+    }
+    for (const line of result.stdout.split('\n').filter(Boolean)) {
+      const [dir, what] = line.split('\t');
+      if (dir && what) add(dir, what);
+    }
+    return unsaved;
   }
 
   /**
