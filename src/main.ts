@@ -70,6 +70,7 @@ export function forkLifecycleFor(config: Config, database: Database, logger: Log
     // Per host: a data dir shared by several hosts keeps each host's forks apart.
     forksRoot: join(config.dataDir, 'forks', hostname()),
     host: hostname(),
+    environmentsRoot: join(config.dataDir, 'environments'),
     policy: sandboxPolicyOf(config),
     durations: { idleStopMs: config.forkIdleStopMs, archiveMs: config.forkArchiveMs, deleteMs: config.forkDeleteMs },
     logger: logger.child({ component: 'forks' }),

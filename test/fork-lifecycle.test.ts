@@ -1,15 +1,16 @@
 import { randomBytes } from 'node:crypto';
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { eq, sql } from 'drizzle-orm';
 import pino from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { ForkLifecycle, type ForkLifecycleOptions, type TickResult } from '../src/engine/fork-lifecycle.js';
+import { ForkLifecycle, type AcquireInput, type ForkLifecycleOptions, type TickResult } from '../src/engine/fork-lifecycle.js';
 import { Scheduler } from '../src/engine/scheduler.js';
 import { readProcessRecords, startDevServers } from '../src/sandbox/dev-servers.js';
 import { DevServerSpec } from '../src/sandbox/environment.js';
-import { groupRunning, type Fork } from '../src/sandbox/fork.js';
+import { EnvironmentStore } from '../src/sandbox/environment-versions.js';
+import { groupRunning, sandboxCapabilities, type Fork } from '../src/sandbox/fork.js';
 import type { Db } from '../src/store/db.js';
 import { forks } from '../src/store/schema.js';
 import { insertJob, insertTask } from '../src/store/tasks.js';
@@ -30,16 +31,21 @@ describe.each(testDrivers)('fork lifecycle on %s', (driver) => {
   let workspaceId: string;
   const root = mkdtempSync(join(tmpdir(), 'svc-fork-lifecycle-'));
   const environmentDir = join(root, 'environments', 'acme');
-  /** One version of one layer: these tests are about the forks, not the environment's versions. */
-  const environment = { version: 1, layers: [environmentDir] };
-  /** Each host has a disk of its own. */
-  const forksRootOf = (host: string) => join(root, host, 'forks');
+  /**
+   * One version of one layer: these tests are about the forks, not the environment's versions (not the
+   * first version, which forks made before versions resume on).
+   */
+  const environment = { version: 3, layers: [environmentDir] };
+  /** Each host has a disk of its own (as a data dir shared by hosts keeps them: `forks/<host>`). */
+  const forksParent = join(root, 'forks');
+  const forksRootOf = (host: string) => join(forksParent, host);
 
   const lifecycle = (host: string, durations: Partial<ForkLifecycleOptions['durations']> = SHORT) =>
     new ForkLifecycle({
       database: testDb.database,
       forksRoot: forksRootOf(host),
       host,
+      environmentsRoot: join(root, 'environments'),
       policy: { hiddenPaths: [join(root, 'environments'), forksRootOf(host)], allowUnsandboxed: false },
       durations: { ...SHORT, ...durations },
       logger,
@@ -56,9 +62,9 @@ describe.each(testDrivers)('fork lifecycle on %s', (driver) => {
   };
   const newJob = async (taskId: string) =>
     insertJob(db, { taskId, workspaceId, status: 'IN_PROGRESS', type: 'SWE', leaseExpiresAt: sql`now() + interval '1 hour'` as unknown as Date });
-  const acquire = async (forksOf: ForkLifecycle, task: { id: string; slug: string }) => {
+  const acquire = async (forksOf: ForkLifecycle, task: { id: string; slug: string }, current: AcquireInput['environment'] = environment) => {
     const job = await newJob(task.id);
-    return { job, ...(await forksOf.acquire({ workspaceId, taskId: task.id, name: task.slug, jobId: job.id, environment })) };
+    return { job, ...(await forksOf.acquire({ workspaceId, taskId: task.id, name: task.slug, jobId: job.id, environment: current })) };
   };
   const row = async (name: string) => (await db.select().from(forks).where(eq(forks.name, name)))[0]!;
   const sh = async (fork: Fork, script: string) => {
@@ -245,6 +251,74 @@ describe.each(testDrivers)('fork lifecycle on %s', (driver) => {
     const restored = await acquire(forksOf, task);
     expect(await sh(restored.fork, 'cat web/a.txt')).toBe('survived\n');
     await forksOf.release(restored.fork);
+  });
+
+  it('keeps a fork current when the environment was only flattened, and says when it really changed', async () => {
+    const forksOf = lifecycle(newHost(), LONG);
+    const task = await newTask();
+    const { fork } = await acquire(forksOf, task);
+    await forksOf.release(fork);
+    const reacquire = async (next: AcquireInput['environment']) => {
+      const made = await acquire(forksOf, task, next);
+      await forksOf.release(made.fork);
+      return made;
+    };
+    // Version 4 is version 3 flattened: the same files.
+    expect(await reacquire({ version: 4, layers: [environmentDir], record: { sameFilesAs: [3] } })).toMatchObject({ fresh: false, outdated: false });
+    expect(await reacquire({ version: 4, layers: [environmentDir] })).toMatchObject({ fresh: false, outdated: true });
+  });
+
+  it.skipIf(!sandboxCapabilities().overlay)('resumes forks made before environment versions on the layer their environment was moved into', async () => {
+    const [host, archivingHost] = [newHost(), newHost()];
+    const [forksOf, archiving] = [lifecycle(host, LONG), lifecycle(archivingHost, { ...SHORT, deleteMs: 3_600_000 })];
+    // A workspace environment from before versions, changed in place twice.
+    const environmentRoot = join(root, 'environments', workspaceId);
+    mkdirSync(join(environmentRoot, 'web'), { recursive: true });
+    writeFileSync(join(environmentRoot, 'web', 'a.txt'), 'legacy\n');
+    writeFileSync(`${environmentRoot}.version`, 'in-place-2');
+    // Forks of it as they were kept then: an overlay upper with the fork's own change, and beside it the
+    // environment's in-place version when the fork was made (no record of a version).
+    const legacyFork = async (lifecycleOf: ForkLifecycle, forkHost: string, marker: string) => {
+      const task = await newTask();
+      const { fork } = await acquire(lifecycleOf, task);
+      expect(fork.info.mode).toBe('overlay');
+      await sh(fork, 'echo mine > web/b.txt');
+      await lifecycleOf.release(fork);
+      rmSync(`${dirOf(forkHost, task.slug)}.lower`);
+      writeFileSync(`${dirOf(forkHost, task.slug)}.lower-version`, marker);
+      return task;
+    };
+    const current = await legacyFork(forksOf, host, 'in-place-2');
+    const outdated = await legacyFork(forksOf, host, 'in-place-1');
+    const archived = await legacyFork(archiving, archivingHost, 'in-place-2');
+    await tickUntil([archiving], archived.slug, 'archived');
+    // Until they are resumed, their markers keep the first version from being collected.
+    expect(ForkLifecycle.versionsInUse(forksParent, workspaceId).has(1)).toBe(true);
+
+    const store = new EnvironmentStore(environmentRoot, { hiddenPaths: [], allowUnsandboxed: false });
+    const first = await store.init('never used', async () => {
+      throw new Error('an environment from before versions is adopted, not built');
+    });
+    const resumed = await acquire(forksOf, current, first);
+    expect(resumed).toMatchObject({ fresh: false, outdated: false });
+    expect(await sh(resumed.fork, 'cat web/a.txt web/b.txt')).toBe('legacy\nmine\n');
+    expect(resumed.fork.info.lower).toEqual({ version: 1, layers: first.layers });
+    expect(existsSync(`${dirOf(host, current.slug)}.lower-version`)).toBe(false);
+    await forksOf.release(resumed.fork);
+
+    const restored = await acquire(archiving, archived, first);
+    expect(restored).toMatchObject({ fresh: false, outdated: false });
+    expect(await sh(restored.fork, 'cat web/a.txt web/b.txt')).toBe('legacy\nmine\n');
+    await archiving.release(restored.fork);
+
+    // The environment had changed under this one already: it starts over, and its marker goes.
+    const fresh = await acquire(forksOf, outdated, first);
+    expect(fresh.fresh).toBe(true);
+    expect(await sh(fresh.fork, 'cat web/b.txt 2>/dev/null; cat web/a.txt')).toBe('legacy\n');
+    await forksOf.release(fresh.fork);
+    // Every fork now records its version as forks of versions do, and the resumed ones keep theirs in use.
+    expect(readdirSync(join(forksRootOf(host), workspaceId)).filter((entry) => entry.endsWith('.lower-version'))).toEqual([]);
+    expect(ForkLifecycle.versionsInUse(forksParent, workspaceId).has(1)).toBe(true);
   });
 
   it('discards a fork at once', async () => {

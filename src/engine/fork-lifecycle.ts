@@ -26,13 +26,19 @@
  *   fork; else an archive is restored (unpacked beside it and renamed into place, so a crash leaves the
  *   archive or the whole fork); else a fresh fork is made. A crash leaves the fork active under a job
  *   that does not run, which the next acquire takes over, and which tick stops once it is idle long.
+ *
+ * A fork made before environment versions has no `.lower` record of its version (an overlay fork may
+ * have a `.lower-version` marker instead). It is resumed on the layer its environment was moved into
+ * when that environment became version 1 (`EnvironmentStore.legacyLower`), and gets a `.lower` record;
+ * until then its marker keeps version 1 from being collected.
  */
-import { existsSync, readdirSync } from 'node:fs';
-import { rm } from 'node:fs/promises';
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { rename, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { and, eq, isNull } from 'drizzle-orm';
 import type { Logger } from 'pino';
 import { readProcessRecords, stopRecordedProcesses, type ProcessRecord } from '../sandbox/dev-servers.js';
+import { EnvironmentStore, LEGACY_LOWER_SUFFIX, LEGACY_VERSION, sameFiles, type VersionRecord } from '../sandbox/environment-versions.js';
 import { type EnvironmentSnapshot, type Fork, ForkManager, LOWER_SUFFIX, readSnapshot, sandboxCapabilities, type ForkMode, type SandboxPolicy } from '../sandbox/fork.js';
 import type { Database } from '../store/db.js';
 import {
@@ -55,6 +61,8 @@ export interface ForkLifecycleOptions {
   forksRoot: string;
   /** This host's name: forks live on one host's disk, and each host moves only its own. */
   host: string;
+  /** `dataDir/environments`: where a fork made before environment versions finds the layer it was made from. */
+  environmentsRoot?: string;
   policy: SandboxPolicy;
   /** SPEC.md: 30 minutes, 24 hours, 7 days. `claimLeaseMs` (default 5 minutes) bounds a crashed move. */
   durations: Omit<ForkDurations, 'claimLeaseMs'> & { claimLeaseMs?: number };
@@ -68,14 +76,14 @@ export interface AcquireInput {
   name: string;
   jobId: string;
   /** The workspace environment's current version: what a fresh fork copies. */
-  environment: EnvironmentSnapshot;
+  environment: EnvironmentSnapshot & { record?: Pick<VersionRecord, 'sameFilesAs'> };
 }
 
 export interface AcquiredFork {
   fork: Fork;
   /** Made fresh now (nothing of earlier jobs in it). */
   fresh: boolean;
-  /** A kept fork of an older environment version than `environment`. */
+  /** A kept fork of an older environment version than `environment` (one that shows other files). */
   outdated: boolean;
 }
 
@@ -190,10 +198,12 @@ export class ForkLifecycle {
   }
 
   /** The claimed fork's files: its directory as it is, restored from its archive, or made fresh. */
-  private async materialize(manager: ForkManager, row: ForkRow, previous: string, environment: EnvironmentSnapshot): Promise<AcquiredFork> {
+  private async materialize(manager: ForkManager, row: ForkRow, previous: string, environment: AcquireInput['environment']): Promise<AcquiredFork> {
     const mode = row.mode as ForkMode;
-    const kept = (fork: Fork | null): AcquiredFork | null => (fork ? { fork, fresh: false, outdated: fork.info.lower.version !== environment.version } : null);
+    // A flattened version shows the files of the version it flattened: a fork of that one is not behind.
+    const kept = (fork: Fork | null): AcquiredFork | null => (fork ? { fork, fresh: false, outdated: !sameFiles(environment, fork.info.lower.version) } : null);
     if (previous !== 'deleted') {
+      await this.adoptLegacyLower(manager, row);
       let reused: AcquiredFork | null = null;
       if (existsSync(manager.dirOf(row.name))) {
         // An archive beside the directory is left by a crash between a restore's rename and its cleanup.
@@ -209,8 +219,33 @@ export class ForkLifecycle {
     return { fork: await this.makeFresh(manager, row, environment), fresh: true, outdated: false };
   }
 
+  /**
+   * Gives an overlay fork made before environment versions (its directory or its archive, and no `.lower`
+   * record) the record of the legacy layer it was made from, then drops its `.lower-version` marker.
+   * Leaves it as it is when that layer is not the fork's (it is then made fresh).
+   */
+  private async adoptLegacyLower(manager: ForkManager, row: ForkRow): Promise<void> {
+    if (!this.options.environmentsRoot || (row.mode as ForkMode) !== 'overlay' || manager.lowerOf(row.name)) return;
+    const dir = manager.dirOf(row.name);
+    if (!existsSync(dir) && !existsSync(manager.archiveOf(row.name))) return;
+    const marker = existsSync(`${dir}${LEGACY_LOWER_SUFFIX}`) ? readFileSync(`${dir}${LEGACY_LOWER_SUFFIX}`, 'utf8') : null;
+    const store = new EnvironmentStore(join(this.options.environmentsRoot, row.workspaceId), this.options.policy);
+    const lower = await store.legacyLower(marker);
+    if (!lower) return;
+    await writeFile(`${dir}${LOWER_SUFFIX}.tmp`, JSON.stringify(lower));
+    await rename(`${dir}${LOWER_SUFFIX}.tmp`, `${dir}${LOWER_SUFFIX}`);
+    await rm(`${dir}${LEGACY_LOWER_SUFFIX}`, { force: true });
+    this.options.logger.info({ fork: row.name, workspaceId: row.workspaceId, version: lower.version }, 'a fork made before environment versions resumes on the environment it was made from');
+  }
+
+  /** Removes everything of the fork here, a marker from before environment versions too. */
+  private async removeAll(manager: ForkManager, name: string): Promise<void> {
+    await manager.removeAll(name);
+    for (const suffix of [LEGACY_LOWER_SUFFIX, `${LOWER_SUFFIX}.tmp`]) await rm(`${manager.dirOf(name)}${suffix}`, { force: true });
+  }
+
   private async makeFresh(manager: ForkManager, row: ForkRow, environment: EnvironmentSnapshot): Promise<Fork> {
-    await manager.removeAll(row.name);
+    await this.removeAll(manager, row.name);
     const fork = await manager.create(row.name, environment);
     if (fork.info.mode !== row.mode) await setForkMode(this.db, row.id, row.jobId ?? '', fork.info.mode);
     return fork;
@@ -244,6 +279,8 @@ export class ForkLifecycle {
       const dir = join(forksParent, host, workspaceId);
       if (!existsSync(dir)) continue;
       for (const entry of readdirSync(dir)) {
+        // A fork from before versions, not yet resumed: it may resume on the first version.
+        if (entry.endsWith(LEGACY_LOWER_SUFFIX)) versions.add(LEGACY_VERSION);
         if (!entry.endsWith(LOWER_SUFFIX)) continue;
         const snapshot = readSnapshot(join(dir, entry));
         // A record that cannot be read protects nothing; its fork is made fresh when next acquired.
@@ -355,7 +392,7 @@ export class ForkLifecycle {
   private async delete(claimed: ForkRow, records: ProcessRecord[]): Promise<void> {
     const manager = this.manager(claimed.workspaceId);
     await stopRecordedProcesses(manager.dirOf(claimed.name), records);
-    await manager.removeAll(claimed.name);
+    await this.removeAll(manager, claimed.name);
     if (!(await moveFork(this.db, claimed.id, { from: 'deleting', to: 'deleted', where: eq(forks.stateChangedAt, claimed.stateChangedAt) }))) {
       throw new ClaimLostError(claimed.name);
     }
