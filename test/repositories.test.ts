@@ -212,6 +212,16 @@ describe.each(testDrivers)('POST /api/v1/repos on %s', (driver) => {
     expect(names).not.toContain('acme/gone');
   });
 
+  it('refuses a path with ".." segments, even one that leads back under an allowed root', async () => {
+    sampleUnder(allowed, 'climbed');
+    for (const source of [`${allowed}/climbed/../climbed`, `${allowed}/../${allowed.split('/').at(-1)}/climbed`]) {
+      const refused = await tenant.request('POST', '/api/v1/repos', { source, name: 'acme/climbed' });
+      expect(refused.statusCode, source).toBe(400);
+      expect(refused.json().error.details.issues, source).toEqual([{ field: 'source', message: 'must not contain ".." path segments' }]);
+    }
+    expect((await tenant.request('POST', '/api/v1/repos', { source: `${allowed}/climbed`, name: 'acme/climbed' })).statusCode).toBe(201);
+  });
+
   it('clones the checked real path through git (no hardlinked objects)', async () => {
     const source = sampleUnder(allowed, 'copied');
     const created = await tenant.request('POST', '/api/v1/repos', { source: `${source}/`, name: 'acme/copied' });

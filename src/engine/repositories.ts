@@ -196,9 +196,10 @@ export async function connectRepository(
 ): Promise<{ repository: RepositoryRow; setup: SetupResult[] }> {
   const trimmed = body.source.trim();
   const outside = 'paths on the server are accepted only under the roots the operator allows (SVC_REPO_PATHS)';
-  if (!trimmed.startsWith('-') && !URL_SHAPED.test(trimmed) && !REMOTE_URL.test(trimmed) && !isAbsolute(trimmed)) {
-    throw ValidationError.field('source', `must be ${URL_FORMS} or an absolute path`);
-  }
+  const pathShaped = !trimmed.startsWith('-') && !URL_SHAPED.test(trimmed) && !REMOTE_URL.test(trimmed);
+  if (pathShaped && !isAbsolute(trimmed)) throw ValidationError.field('source', `must be ${URL_FORMS} or an absolute path`);
+  // A path says where it is plainly: no climbing, even when it would land under a root again.
+  if (pathShaped && trimmed.split('/').includes('..')) throw ValidationError.field('source', 'must not contain ".." path segments');
   let source: RepositorySource;
   try {
     source = parseSource(trimmed);
