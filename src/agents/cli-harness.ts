@@ -218,7 +218,8 @@ function cliArgv(spec: CliSpec, proxy: CliSession['proxy']): string[] {
     found,
     'command -v node >/dev/null 2>&1 || { echo "node is not installed in the sandbox; the credential proxy\'s forwarder needs it" >&2; exit 126; }',
     'c=$1; f=$2; s=$3; r=$4; shift 4',
-    'exec node -e "$f" "$s" "$r" "$c" "$@"',
+    // `--`: whatever follows is the forwarder's arguments, never node's options.
+    'exec node -e "$f" -- "$s" "$r" "$c" "$@"',
   ].join('\n');
   const socket = `${EGRESS_DIR}/${basename(proxy.socketPath)}`;
   return ['sh', '-c', script, 'sh', spec.command, FORWARDER, socket, JSON.stringify({ [proxy.baseUrlVariable]: proxy.basePath }), ...spec.argv];
