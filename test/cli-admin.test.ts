@@ -115,9 +115,18 @@ describe.each(stores)('svc admin on $name', (store) => {
     ]);
     expect(listed.stdout).not.toMatch(/hash|sign-in\//i);
 
+    // While the server holds the embedded database, svc admin cannot open it: these come first.
+    const key = await svc('admin', 'api-key', 'create', '--workspace', 'team');
+    expect(key.code, key.stderr).toBe(0);
+    expect((await svc('admin', 'workspace', 'create', 'other')).code).toBe(0);
     const server = await startSvcServer(store.args(), store.env());
-    const open = (link: string) => fetch(`${server.url}${new URL(link).pathname}`, { redirect: 'manual' });
+    // Opening a link shows its button; the button's POST signs in.
+    const open = (link: string, method = 'POST') => fetch(`${server.url}${new URL(link).pathname}`, { method, redirect: 'manual' });
+    expect((await open(first, 'GET')).status).toBe(410);
     expect((await open(first)).status).toBe(410);
+    const shown = await open(second, 'GET');
+    expect(shown.status).toBe(200);
+    expect(await shown.text()).toContain('ada@example.com');
     const opened = await open(second);
     expect(opened.status).toBe(303);
     expect(opened.headers.get('location')).toBe('/');
@@ -126,7 +135,23 @@ describe.each(stores)('svc admin on $name', (store) => {
     expect(session.status).toBe(200);
     expect(((await session.json()) as { user: unknown }).user).toMatchObject({ email: 'ada@example.com', name: 'Ada' });
     expect((await open(second)).status).toBe(410);
+
+    // An account another workspace made through the API joins this one only when the operator confirms it.
+    const made = await fetch(`${server.url}/api/v1/members`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${key.stdout.trimEnd().split('\n').at(-1)!}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ email: 'lin@example.com' }),
+    });
+    expect(made.status).toBe(201);
     expect(await server.stop()).toBe(0);
+    const refused = await svc('admin', 'user', 'create', '--email', 'lin@example.com', '--workspace', 'other');
+    expect(refused.code).toBe(1);
+    expect(refused.stderr).toBe(
+      'svc: the account of lin@example.com was made by another workspace and no operator has confirmed it; check that it belongs to that person, then add --confirm\n',
+    );
+    const confirmed = await svc('admin', 'user', 'create', '--email', 'lin@example.com', '--workspace', 'other', '--confirm');
+    expect(confirmed.code, confirmed.stderr).toBe(0);
+    expect(confirmed.stdout).toMatch(/^User lin@example\.com \(id [0-9a-f-]{36}\) already exists; added to "other" as member\.\n/);
   }, SPAWN_TIMEOUT_MS);
 
   it('answers bad input with one line and a non-zero exit', async () => {

@@ -190,14 +190,15 @@ export function registerAdmin(program: Command): void {
       .requiredOption('--workspace <name>', 'workspace the user joins')
       .option('--name <name>', 'display name (for a new account)')
       .option('--role <role>', 'owner, admin or member', 'member')
+      .option('--confirm', 'confirm that an existing account made by another workspace belongs to this person (any workspace may then add it)')
       .option('--public-url <url>', 'address people reach the service at, for the link (SVC_PUBLIC_URL)'),
-  ).action(async (options: { email: string; workspace: string; name?: string; role: string } & Record<string, unknown>) => {
-    const { email, workspace: name, name: displayName, role, ...rest } = options;
+  ).action(async (options: { email: string; workspace: string; name?: string; role: string; confirm?: boolean } & Record<string, unknown>) => {
+    const { email, workspace: name, name: displayName, role, confirm, ...rest } = options;
     const config = configFrom(rest);
     const created = await withStore(config, (database) =>
       admin.createUser(
         database.db,
-        { email, workspace: name, role, ...(displayName === undefined ? {} : { name: displayName }) },
+        { email, workspace: name, role, confirm: confirm === true, ...(displayName === undefined ? {} : { name: displayName }) },
         { publicUrl: publicUrlOf(config), defaultAgent: config.defaultAgent },
       ),
     );

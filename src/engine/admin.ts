@@ -8,8 +8,8 @@ import { parseAgentId } from '../domain/agents.js';
 import { addCredits, creditBalance } from '../store/credits.js';
 import { createApiKey, listApiKeys, revokeApiKey, type ApiKeyRecord } from '../store/api-keys.js';
 import { createWorkspace, findWorkspaceByName, listWorkspaces, type Workspace, type WorkspacePlan } from '../store/workspaces.js';
-import { addMembership, findMembership, findUserByEmail, listUsers, listUserWorkspaces, ROLES, type Role, type UserRow } from '../store/users.js';
-import { findOrCreateAccount, issueSignInLink } from './users.js';
+import { findMembership, findUserByEmail, listUsers, listUserWorkspaces, ROLES, type Role, type UserRow } from '../store/users.js';
+import { issueSignInLink, joinWorkspace, type JoinedWorkspace } from './users.js';
 
 export const WORKSPACE_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/;
 export const PLANS: readonly WorkspacePlan[] = ['free', 'pro', 'max'];
@@ -102,37 +102,34 @@ export async function bootstrap(db: Db, defaultAgent: string): Promise<{ workspa
   return { workspace, key };
 }
 
-export interface CreatedUser {
-  user: UserRow;
-  /** Whether the account is new (it then got its personal workspace). */
-  created: boolean;
+export interface CreatedUser extends JoinedWorkspace {
   /** The user's role in the workspace: the one given if the membership is new, else the one it had. */
   role: Role;
-  membershipAdded: boolean;
   signInLink: { url: string; expiresAt: Date };
 }
 
 /**
- * `svc admin user create`: the account (new ones with their personal workspace), its membership of the
- * workspace and a one-time sign-in link, together. The operator may hand out a link for any account.
+ * `svc admin user create`: the account (new ones with their personal workspace, confirmed by the
+ * operator), its membership of the workspace and a one-time sign-in link, together. The operator may
+ * hand out a link for any account; adding an account another workspace made needs `confirm`.
  */
 export async function createUser(
   db: Db,
-  input: { email: string; workspace: string; name?: string; role?: string },
+  input: { email: string; workspace: string; name?: string; role?: string; confirm?: boolean },
   options: { publicUrl: string; defaultAgent: string },
 ): Promise<CreatedUser> {
   const role = (input.role ?? 'member') as Role;
   if (!ROLES.includes(role)) throw ValidationError.field('role', `must be one of ${ROLES.join(', ')}`);
   const workspace = await requireWorkspace(db, input.workspace);
   return db.transaction(async (tx) => {
-    const { user, created } = await findOrCreateAccount(tx, { email: input.email, name: input.name, defaultAgent: options.defaultAgent });
-    if (workspace.personalUserId !== null && workspace.personalUserId !== user.id) {
+    const personalOf = workspace.personalUserId;
+    if (personalOf !== null && (await findUserByEmail(tx, input.email.trim()))?.id !== personalOf) {
       throw new ConflictError(`workspace "${workspace.name}" is the personal workspace of another user`);
     }
-    const membershipAdded = await addMembership(tx, { workspaceId: workspace.id, userId: user.id, role });
-    const membership = await findMembership(tx, workspace.id, user.id);
-    const signInLink = await issueSignInLink(tx, user.id, options.publicUrl);
-    return { user, created, role: membership?.role ?? role, membershipAdded, signInLink };
+    const joined = await joinWorkspace(tx, workspace, { ...input, role, defaultAgent: options.defaultAgent }, { madeBy: 'operator', confirm: input.confirm === true });
+    const membership = await findMembership(tx, workspace.id, joined.user.id);
+    const signInLink = await issueSignInLink(tx, joined.user.id, options.publicUrl);
+    return { ...joined, role: membership?.role ?? role, signInLink };
   });
 }
 

@@ -5,23 +5,33 @@
  * Secrets: session tokens and sign-in link tokens are 32 random bytes (base64url, 43 characters) of
  * which only the SHA-256 is stored; passwords are stored as scrypt hashes (domain/passwords.ts).
  */
-import { createHash, randomBytes } from 'node:crypto';
+import { randomBytes } from 'node:crypto';
+import { isIPv4, isIPv6 } from 'node:net';
 import { AppError, ConflictError, NotFoundError, ValidationError } from '../domain/errors.js';
 import { dummyHash, hashPassword, needsRehash, passwordProblem, verifyPassword } from '../domain/passwords.js';
+import { hashSecret } from '../domain/secrets.js';
 import { Email, type AddMemberBody, type ChangePasswordBody, type SessionResponse } from '../protocol/auth.js';
 import type { Db } from '../store/db.js';
-import { clearAttempts, countAttempt, type AttemptLimit } from '../store/rate-limit.js';
 import { findRoutingConfigs } from '../store/routing.js';
 import {
+  admitSignInAttempt,
+  clearSignInFailures,
   createSession,
   createSignInLink,
+  expireSignInLinks,
+  inspectSignInLink,
+  pruneSignInThrottles,
   redeemSignInLink,
   revokeOtherSessions,
   revokeSession,
   revokeSessionByTokenHash,
+  withdrawSignInAttempt,
+  type CountedAttempt,
+  type ThrottlePolicy,
 } from '../store/sessions.js';
 import {
   addMembership,
+  confirmUser,
   ensurePersonalWorkspace,
   findMember,
   findMembership,
@@ -35,15 +45,27 @@ import {
   type Role,
   type UserRow,
 } from '../store/users.js';
-import { findWorkspace } from '../store/workspaces.js';
+import { findWorkspace, type Workspace } from '../store/workspaces.js';
 import type { Caller } from './tasks.js';
 
 /** A session lives 30 days after its last use. */
 export const SESSION_TTL_MS = 30 * 24 * 60 * 60_000;
 /** A sign-in link works once, within 24 hours; a newer link for the same user replaces it. */
 export const SIGN_IN_LINK_TTL_MS = 24 * 60 * 60_000;
-/** Failed sign-ins (and wrong current passwords) per email: 10 in any 15 minutes, then 429. */
-export const SIGN_IN_ATTEMPTS: AttemptLimit = { windowSeconds: 15 * 60, limit: 10 };
+const MINUTE = 60;
+const HOUR = 60 * MINUTE;
+/**
+ * Failed sign-ins (and wrong current passwords) per email: 10 are free, the tenth locks the address for
+ * 15 minutes, each failure after a lock doubles it (up to a day); a day after the last lock they are
+ * forgotten, and the right password forgets them at once.
+ */
+export const EMAIL_THROTTLE: ThrottlePolicy = { limit: 10, lockSeconds: 15 * MINUTE, maxLockSeconds: 24 * HOUR, forgetSeconds: 24 * HOUR };
+/**
+ * Failed sign-ins per client network (an IPv4 address, an IPv6 /64), whatever the email: many people may
+ * share one address, so the limit is higher and an hour without failures forgets them. A success there
+ * does not clear them (anyone could sign in to an account of their own between guesses).
+ */
+export const NETWORK_THROTTLE: ThrottlePolicy = { limit: 100, lockSeconds: 15 * MINUTE, maxLockSeconds: 24 * HOUR, forgetSeconds: HOUR };
 export const SIGN_IN_PATH = '/auth/sign-in';
 
 const TOKEN_SHAPE = /^[A-Za-z0-9_-]{43}$/;
@@ -53,9 +75,7 @@ export function newToken(): string {
 }
 
 /** Tokens carry 256 bits of randomness, so a fast hash is enough to keep them out of the database. */
-export function hashToken(token: string): string {
-  return createHash('sha256').update(token).digest('hex');
-}
+export const hashToken: (token: string) => string = hashSecret;
 
 export function isWellFormedToken(value: string): boolean {
   return TOKEN_SHAPE.test(value);
@@ -74,7 +94,12 @@ export interface SessionGrant {
   expiresAt: Date;
 }
 
-export interface SignInOptions {
+/** Where a password is being tried: the client's address, for the per-network throttle. */
+export interface AttemptOrigin {
+  ip: string;
+}
+
+export interface SignInOptions extends AttemptOrigin {
   ttlMs: number;
   userAgent: string | null;
   /** The session token the request carried, if any: it is revoked, since the new session replaces it. */
@@ -83,23 +108,55 @@ export interface SignInOptions {
 
 const INVALID_CREDENTIALS = 'Invalid email or password';
 
-/** Failed sign-ins are counted per email, known or not, under an id derived from the address. */
-function attemptSubject(email: string): string {
-  const hex = createHash('sha256').update(`sign-in\0${email.trim().toLowerCase()}`).digest('hex');
-  return `${hex.slice(0, 8)}-${hex.slice(8, 12)}-${hex.slice(12, 16)}-${hex.slice(16, 20)}-${hex.slice(20, 32)}`;
+/** The network an address stands for: an IPv4 address itself, the /64 of an IPv6 one. */
+export function networkOf(ip: string): string {
+  const mapped = /^::ffff:(\d+\.\d+\.\d+\.\d+)$/i.exec(ip)?.[1];
+  if (mapped !== undefined && isIPv4(mapped)) return mapped;
+  if (!isIPv6(ip)) return ip;
+  const [head = '', tail = ''] = ip.toLowerCase().split('::');
+  const left = head === '' ? [] : head.split(':');
+  const right = tail === '' ? [] : tail.split(':');
+  const groups = ip.includes('::') ? [...left, ...Array<string>(8 - left.length - right.length).fill('0'), ...right] : left;
+  return `${groups.slice(0, 4).map((group) => group.replace(/^0+(?=.)/, '')).join(':')}::/64`;
 }
 
-function throttled(retryAfterSeconds: number): AppError {
-  return new AppError('rate_limited', 'Too many failed sign-in attempts for this email; try again later', {
+/** The throttles' subjects: hashes, so that the table holds no address, known or not. */
+export const emailSubject = (email: string) => hashSecret(`sign-in\0email\0${email.trim().toLowerCase()}`);
+export const networkSubject = (ip: string) => hashSecret(`sign-in\0network\0${networkOf(ip)}`);
+
+function throttled(retryAfterSeconds: number, of: 'this email' | 'your network'): AppError {
+  return new AppError('rate_limited', `Too many failed sign-in attempts for ${of}; try again later`, {
     details: { retryAfterSeconds },
     headers: { 'retry-after': String(retryAfterSeconds) },
   });
 }
 
-/** Counts an attempt before it is checked, so that parallel guesses cannot outrun the limit. */
-async function admitAttempt(db: Db, email: string): Promise<void> {
-  const outcome = await countAttempt(db, attemptSubject(email), SIGN_IN_ATTEMPTS);
-  if (outcome.kind === 'limited') throw throttled(outcome.retryAfterSeconds);
+/**
+ * Tries a password under the throttles of its email and of the client's network. The attempt counts as
+ * a failure of both before it is checked (parallel guesses cannot outrun a limit) and is taken back when
+ * it succeeds: only failures count. The right password also forgets the email's failures.
+ */
+async function throttledAttempt<T>(db: Db, email: string, origin: AttemptOrigin, check: () => Promise<T | null>): Promise<T | null> {
+  const network = await admitSignInAttempt(db, networkSubject(origin.ip), NETWORK_THROTTLE);
+  if (network.kind === 'locked') throw throttled(network.retryAfterSeconds, 'your network');
+  const address = await admitSignInAttempt(db, emailSubject(email), EMAIL_THROTTLE);
+  if (address.kind === 'locked') {
+    await withdrawSignInAttempt(db, network.attempt);
+    throw throttled(address.retryAfterSeconds, 'this email');
+  }
+  let outcome: T | null = null;
+  try {
+    outcome = await check();
+  } finally {
+    if (outcome !== null) await succeeded(db, network.attempt, address.attempt);
+    else await pruneSignInThrottles(db);
+  }
+  return outcome;
+}
+
+async function succeeded(db: Db, network: CountedAttempt, address: CountedAttempt): Promise<void> {
+  await withdrawSignInAttempt(db, network);
+  await clearSignInFailures(db, address.subject);
 }
 
 async function grantSession(db: Db, user: UserRow, options: SignInOptions): Promise<SessionGrant> {
@@ -121,14 +178,15 @@ async function grantSession(db: Db, user: UserRow, options: SignInOptions): Prom
  * password take the same path (a full scrypt verification) and give the same 401.
  */
 export async function signInWithPassword(db: Db, input: { email: string; password: string }, options: SignInOptions): Promise<SessionGrant> {
-  await admitAttempt(db, input.email);
-  const user = await findUserByEmail(db, input.email.trim());
-  const stored = user?.passwordHash ?? (await dummyHash());
-  const matches = await verifyPassword(input.password, stored);
-  if (!user?.passwordHash || !matches) throw new AppError('unauthorized', INVALID_CREDENTIALS);
-  await clearAttempts(db, attemptSubject(input.email));
+  const signedIn = await throttledAttempt(db, input.email, options, async () => {
+    const user = await findUserByEmail(db, input.email.trim());
+    const matches = await verifyPassword(input.password, user?.passwordHash ?? (await dummyHash()));
+    return matches && user?.passwordHash ? { user, passwordHash: user.passwordHash } : null;
+  });
+  if (!signedIn) throw new AppError('unauthorized', INVALID_CREDENTIALS);
+  const { user } = signedIn;
   // Hashes made with weaker parameters than today's are replaced while the password is at hand.
-  if (needsRehash(user.passwordHash)) await setPasswordHash(db, user.id, await hashPassword(input.password));
+  if (needsRehash(signedIn.passwordHash)) await setPasswordHash(db, user.id, await hashPassword(input.password));
   return grantSession(db, user, options);
 }
 
@@ -144,6 +202,15 @@ export async function signInWithLink(db: Db, token: string, options: SignInOptio
     if (!user) return { kind: 'unknown' };
     return { kind: 'signed-in', grant: await grantSession(tx, user, options) };
   });
+}
+
+/** What opening a link would do, without using it: the page a GET of the link shows. */
+export async function previewSignInLink(db: Db, token: string): Promise<{ kind: 'live'; email: string } | { kind: 'used' | 'expired' | 'unknown' }> {
+  if (!isWellFormedToken(token)) return { kind: 'unknown' };
+  const link = await inspectSignInLink(db, hashToken(token));
+  if (link.kind !== 'redeemed') return link;
+  const user = await findUser(db, link.userId);
+  return user ? { kind: 'live', email: user.email } : { kind: 'unknown' };
 }
 
 export async function signOut(db: Db, sessionId: string): Promise<void> {
@@ -171,23 +238,31 @@ export function presentUser(user: UserRow): { id: string; email: string; name: s
 
 /**
  * Sets or changes the password. Once one is set, the current one is required (and wrong guesses count
- * against the email's sign-in attempts). Every other session of the user is signed out.
+ * against the sign-in throttles). Every other session of the user is signed out and every unused
+ * sign-in link stops working: whoever held one of them no longer gets in.
  */
-export async function changePassword(db: Db, session: { userId: string; sessionId: string }, body: ChangePasswordBody): Promise<void> {
+export async function changePassword(
+  db: Db,
+  session: { userId: string; sessionId: string },
+  body: ChangePasswordBody,
+  origin: AttemptOrigin,
+): Promise<void> {
   const problem = passwordProblem(body.newPassword);
   if (problem) throw ValidationError.field('newPassword', problem);
   const user = await findUser(db, session.userId);
   if (!user) throw new AppError('unauthorized', 'Invalid or expired session; sign in again');
-  if (user.passwordHash) {
-    if (body.currentPassword === undefined) throw ValidationError.field('currentPassword', 'is required once a password is set');
-    await admitAttempt(db, user.email);
-    if (!(await verifyPassword(body.currentPassword, user.passwordHash))) throw new AppError('forbidden', 'The current password is wrong');
-    await clearAttempts(db, attemptSubject(user.email));
+  const current = user.passwordHash;
+  if (current) {
+    const given = body.currentPassword;
+    if (given === undefined) throw ValidationError.field('currentPassword', 'is required once a password is set');
+    const right = await throttledAttempt(db, user.email, origin, async () => ((await verifyPassword(given, current)) ? true : null));
+    if (!right) throw new AppError('forbidden', 'The current password is wrong');
   }
   const hash = await hashPassword(body.newPassword);
   await db.transaction(async (tx) => {
     await setPasswordHash(tx, user.id, hash);
     await revokeOtherSessions(tx, user.id, session.sessionId);
+    await expireSignInLinks(tx, user.id);
   });
 }
 
@@ -204,16 +279,29 @@ function parseEmail(email: string): string {
 }
 
 /**
+ * Who makes an account: an operator (who vouches for it: the account is confirmed), or a workspace
+ * through POST /members (only that workspace may add it until an operator confirms it: nobody checked
+ * that the address belongs to whoever holds the account).
+ */
+export type AccountMaker = 'operator' | { workspaceId: string };
+
+/**
  * The account for `email`, created with its personal workspace (plan free, the user its owner) when
- * new. Call inside a transaction: a new account and its workspace appear together.
+ * new. Call inside a transaction: a new account and its workspace appear together. Without `madeBy`
+ * the account is neither confirmed nor any workspace's: only an operator can add it anywhere.
  */
 export async function findOrCreateAccount(
   tx: Db,
-  input: { email: string; name?: string | undefined; defaultAgent: string },
+  input: { email: string; name?: string | undefined; defaultAgent: string; madeBy?: AccountMaker },
 ): Promise<{ user: UserRow; created: boolean }> {
   const name = input.name?.trim() || null;
   if (name !== null && name.length > 200) throw ValidationError.field('name', 'must be at most 200 characters');
-  const account = await insertUserIfNew(tx, { email: parseEmail(input.email), name });
+  const account = await insertUserIfNew(tx, {
+    email: parseEmail(input.email),
+    name,
+    createdByWorkspaceId: typeof input.madeBy === 'object' ? input.madeBy.workspaceId : null,
+    confirmed: input.madeBy === 'operator',
+  });
   if (account.created) {
     await ensurePersonalWorkspace(tx, { userId: account.user.id, names: personalWorkspaceNames(account.user.id), defaultAgent: input.defaultAgent });
   }
@@ -249,10 +337,52 @@ async function assertMayAddMember(db: Db, caller: Caller, role: Role): Promise<v
   if (ROLE_RANK[role] > ROLE_RANK[membership.role]) throw new AppError('forbidden', 'Only owners can add owners');
 }
 
+export interface JoinedWorkspace {
+  user: UserRow;
+  /** Whether the account is new (it then got its personal workspace). */
+  created: boolean;
+  /** False when the user already was a member (the membership keeps its role). */
+  membershipAdded: boolean;
+}
+
+/**
+ * Puts the account for `email` (made when new) into `workspace`, in the caller's transaction. An
+ * existing account joins only a workspace that may vouch for it: it was confirmed by an operator or made
+ * by this workspace. Otherwise whoever holds it (the admin of the workspace that made it, say) would get
+ * into this workspace under someone else's address: 409, unless an operator confirms it here
+ * (`confirm`).
+ */
+export async function joinWorkspace(
+  tx: Db,
+  workspace: Workspace,
+  input: { email: string; name?: string | undefined; role: Role; defaultAgent: string },
+  by: { madeBy: AccountMaker; confirm?: boolean },
+): Promise<JoinedWorkspace> {
+  const account = await findOrCreateAccount(tx, { email: input.email, name: input.name, defaultAgent: input.defaultAgent, madeBy: by.madeBy });
+  let user = account.user;
+  if (!account.created && (await findMembership(tx, workspace.id, user.id))) return { user, created: false, membershipAdded: false };
+  if (!account.created && user.confirmedAt === null && user.createdByWorkspaceId !== workspace.id) {
+    if (by.madeBy !== 'operator') {
+      throw new ConflictError(
+        `${user.email} has an account that another workspace created; an operator must confirm it (svc admin user create --confirm) before this workspace can add it`,
+      );
+    }
+    if (!by.confirm) {
+      throw new ConflictError(
+        `the account of ${user.email} was made by another workspace and no operator has confirmed it; check that it belongs to that person, then add --confirm`,
+      );
+    }
+    user = await confirmUser(tx, user.id);
+  }
+  const membershipAdded = await addMembership(tx, { workspaceId: workspace.id, userId: user.id, role: input.role });
+  return { user, created: account.created, membershipAdded };
+}
+
 /**
  * Adds a user to the caller's workspace, creating the account when the email has none. The one-time
- * sign-in link is answered only for an account this call created: handing one out for an existing
- * account would let any workspace admin take over anyone's account.
+ * sign-in link is answered only to a signed-in owner or admin, for an account this call created: a link
+ * for an existing account would let any workspace admin take over anyone's account, and API keys never
+ * get one (a key is a script's credential, not a person who hands a link to a person).
  */
 export async function addMember(db: Db, caller: Caller, body: AddMemberBody, options: { publicUrl: string }): Promise<AddedMember> {
   const workspace = await findWorkspace(db, caller.workspaceId);
@@ -263,14 +393,12 @@ export async function addMember(db: Db, caller: Caller, body: AddMemberBody, opt
   if (!fallback) throw new AppError('internal_error', undefined, { cause: new Error(`workspace ${workspace.id} has no default routing config`) });
   return db.transaction(async (tx) => {
     // A new member's personal workspace starts with the agent of the workspace that added them.
-    const account = await findOrCreateAccount(tx, { email: body.email, name: body.name, defaultAgent: fallback.agent });
-    if (!(await addMembership(tx, { workspaceId: workspace.id, userId: account.user.id, role: body.role }))) {
-      throw new ConflictError(`${account.user.email} is already a member of this workspace`);
-    }
-    const member = await findMember(tx, workspace.id, account.user.id);
+    const joined = await joinWorkspace(tx, workspace, { ...body, defaultAgent: fallback.agent }, { madeBy: { workspaceId: workspace.id } });
+    if (!joined.membershipAdded) throw new ConflictError(`${joined.user.email} is already a member of this workspace`);
+    const member = await findMember(tx, workspace.id, joined.user.id);
     if (!member) throw new Error('the membership just added cannot be found');
-    const signInLink = account.created ? await issueSignInLink(tx, account.user.id, options.publicUrl) : null;
-    return { member, accountCreated: account.created, signInLink };
+    const signInLink = joined.created && caller.keyId === null ? await issueSignInLink(tx, joined.user.id, options.publicUrl) : null;
+    return { member, accountCreated: joined.created, signInLink };
   });
 }
 

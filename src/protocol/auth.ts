@@ -107,7 +107,9 @@ export const AddMemberResponse = z
     signInLink: z
       .string()
       .nullable()
-      .describe('A one-time sign-in link for the new account (valid 24 hours, works once); null when the account existed before'),
+      .describe(
+        'A one-time sign-in link for the new account (valid 24 hours, works once), answered to a signed-in owner or admin; null when the account existed before, and always for an API key',
+      ),
     signInLinkExpiresAt: DateTime.nullable(),
   })
   .meta({ id: 'AddMemberResponse', description: 'The new member of the workspace' });

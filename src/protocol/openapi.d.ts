@@ -664,7 +664,7 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** Set or change the password (the current one is required once one is set); signs out every other session */
+        /** Set or change the password (the current one is required once one is set); signs out every other session and ends unused sign-in links */
         post: operations["changePassword"];
         delete?: never;
         options?: never;
@@ -682,7 +682,7 @@ export interface paths {
         /** List the members of the workspace */
         get: operations["listMembers"];
         put?: never;
-        /** Add a user to the workspace, creating the account (with a one-time sign-in link) if the email has none */
+        /** Add a user to the workspace, creating the account if the email has none (with a one-time sign-in link when a signed-in owner or admin asks; never for an API key) */
         post: operations["addMember"];
         delete?: never;
         options?: never;
@@ -846,7 +846,7 @@ export interface components {
             member: components["schemas"]["Member"];
             /** @description Whether this request created the account */
             accountCreated: boolean;
-            /** @description A one-time sign-in link for the new account (valid 24 hours, works once); null when the account existed before */
+            /** @description A one-time sign-in link for the new account (valid 24 hours, works once), answered to a signed-in owner or admin; null when the account existed before, and always for an API key */
             signInLink: string | null;
             /** Format: date-time */
             signInLinkExpiresAt: string | null;
@@ -1807,7 +1807,7 @@ export interface components {
         RequestId: string;
         /** @description Seconds to wait before the key (or user, or email) is below its limit again */
         RetryAfter: number;
-        /** @description The session cookie: `svc_session=<token>; Path=/; Max-Age=<lifetime in seconds>; HttpOnly; SameSite=Lax`, and `Secure` when the public URL is https; on sign-out the same cookie with `Max-Age=0` */
+        /** @description The session cookie: `svc_session=<token>; Path=/; Max-Age=<lifetime in seconds>; HttpOnly; SameSite=Lax`; when the public URL is https it is named `__Host-svc_session` and `Secure`; on sign-out the same cookie with `Max-Age=0` */
         SetSessionCookie: string;
     };
     pathItems: never;
@@ -1888,7 +1888,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `rate_limited` "Too many failed sign-in attempts for this email; try again later": 10 failed attempts for one email in 15 minutes; `Retry-After` says when to try again, `details` is `{ retryAfterSeconds }` */
+            /** @description `rate_limited` "Too many failed sign-in attempts for this email; try again later" (10 failures of one email lock it for 15 minutes, each further failure doubles that) or "… for your network; try again later" (100 failures from one client network); `Retry-After` says when to try again, `details` is `{ retryAfterSeconds }` */
             429: {
                 headers: {
                     "X-Request-Id": components["headers"]["RequestId"];
@@ -5720,7 +5720,7 @@ export interface operations {
             };
         };
         responses: {
-            /** @description The password is set; every other session of the user is signed out */
+            /** @description The password is set; every other session of the user is signed out, and unused sign-in links stop working */
             204: {
                 headers: {
                     "X-Request-Id": components["headers"]["RequestId"];
@@ -5778,7 +5778,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `rate_limited`: over the rate limit of this user, or "Too many failed sign-in attempts for this email; try again later" when wrong current passwords and failed sign-ins of the email reach 10 in 15 minutes; `Retry-After` says when to try again */
+            /** @description `rate_limited`: over the rate limit of this user, or "Too many failed sign-in attempts for this email; try again later" when wrong current passwords and failed sign-ins of the email have locked it (or "… for your network", as for sign-in); `Retry-After` says when to try again */
             429: {
                 headers: {
                     "X-Request-Id": components["headers"]["RequestId"];
@@ -5926,7 +5926,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description `conflict`: the user is already a member of the workspace */
+            /** @description `conflict`: the user is already a member of the workspace, or the account was made by another workspace and no operator has confirmed it (`svc admin user create --confirm`) */
             409: {
                 headers: {
                     "X-Request-Id": components["headers"]["RequestId"];

@@ -4,7 +4,7 @@
  * or a session cookie) and the rate limit.
  */
 import { randomUUID } from 'node:crypto';
-import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance } from 'fastify';
+import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance, type FastifyRequest } from 'fastify';
 import fastifySwagger from '@fastify/swagger';
 import {
   jsonSchemaTransform,
@@ -18,7 +18,7 @@ import type { Database } from '../store/db.js';
 import type { RateLimits } from '../store/rate-limit.js';
 import { dummyHash } from '../domain/passwords.js';
 import { SESSION_TTL_MS } from '../engine/users.js';
-import { makeAuthenticator, SESSION_COOKIE, type SessionSettings } from './auth.js';
+import { makeAuthenticator, SESSION_COOKIE, sessionCookieName, type SessionSettings } from './auth.js';
 import { browserSignInRoute, sessionRoutes, SIGN_IN_OPERATIONS, signInRoutes } from './rest/auth.js';
 import { memberRoutes } from './rest/members.js';
 import { installErrorHandling, sendError, toAppError } from './errors.js';
@@ -62,6 +62,29 @@ export interface ServerOptions {
 }
 
 const REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/;
+
+/**
+ * A request URL as the logs may show it: the token of a sign-in link (`/auth/sign-in/{token}`) and the
+ * values of query parameters that carry secrets (tokens, pairing codes, verifiers, keys) are replaced.
+ * Whoever reads the logs must not be able to sign in or pair a computer with them.
+ */
+export function redactUrl(url: string): string {
+  const at = url.indexOf('?');
+  const path = (at < 0 ? url : url.slice(0, at)).replace(/^(\/auth\/sign-in\/)[^/]+/, '$1[redacted]');
+  const query = at < 0 ? '' : url.slice(at).replace(/([?&][^=&]*(?:token|code|verifier|secret|key)[^=&]*=)[^&#]*/gi, '$1[redacted]');
+  return path + query;
+}
+
+/** Fastify's request serializer, with the URL redacted. */
+function requestForLog(request: FastifyRequest): Record<string, unknown> {
+  return {
+    method: request.method,
+    url: redactUrl(request.url),
+    host: request.host,
+    remoteAddress: request.ip,
+    remotePort: request.socket?.remotePort,
+  };
+}
 /** The longest path parameter the router takes, as TaskParams says; longer is a 400 before any route runs. */
 const MAX_PARAM_LENGTH = 200;
 
@@ -116,8 +139,8 @@ function documentResponses(document: Json): void {
     },
     SetSessionCookie: {
       description:
-        `The session cookie: \`${SESSION_COOKIE}=<token>; Path=/; Max-Age=<lifetime in seconds>; HttpOnly; SameSite=Lax\`, ` +
-        'and `Secure` when the public URL is https; on sign-out the same cookie with `Max-Age=0`',
+        `The session cookie: \`${SESSION_COOKIE}=<token>; Path=/; Max-Age=<lifetime in seconds>; HttpOnly; SameSite=Lax\`; when the ` +
+        `public URL is https it is named \`__Host-${SESSION_COOKIE}\` and \`Secure\`; on sign-out the same cookie with \`Max-Age=0\``,
       schema: { type: 'string' },
     },
   };
@@ -263,7 +286,7 @@ function finishDocument<T>(document: T): T {
 
 export async function buildServer(options: ServerOptions): Promise<FastifyInstance> {
   const app = Fastify({
-    ...(options.logger ? { loggerInstance: options.logger } : { logger: false }),
+    ...(options.logger ? { loggerInstance: options.logger.child({}, { serializers: { req: requestForLog } }) } : { logger: false }),
     // genReqId reads X-Request-Id itself so that only a well-formed one is trusted.
     requestIdHeader: false,
     logController: new LogController({
@@ -334,7 +357,7 @@ export async function buildServer(options: ServerOptions): Promise<FastifyInstan
           sessionCookie: {
             type: 'apiKey',
             in: 'cookie',
-            name: SESSION_COOKIE,
+            name: sessionCookieName(sessions),
             description:
               'The session of a signed-in user (`POST /api/v1/auth/sign-in` or a one-time sign-in link). It acts in the workspace ' +
               'whose id is in `X-Svc-Workspace` (one the user is a member of, else 403), by default the personal workspace. ' +

@@ -10,16 +10,16 @@
  * session's token (a page of another site cannot read it) and, when the browser sends `Origin`, the
  * public URL's origin.
  */
-import { createHash, timingSafeEqual } from 'node:crypto';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import { hashApiKey, isWellFormedApiKey } from '../domain/api-keys.js';
 import { AppError, RateLimitedError, UnauthorizedError } from '../domain/errors.js';
+import { sameSecret } from '../domain/secrets.js';
 import { isUuid } from '../domain/slugs.js';
 import type { Caller } from '../engine/tasks.js';
 import { hashToken, isWellFormedToken } from '../engine/users.js';
 import type { Db } from '../store/db.js';
 import { authenticateAndCount, countRequest, type RateLimits } from '../store/rate-limit.js';
-import { resolveSession } from '../store/sessions.js';
+import { resolveSession, type ResolvedSession } from '../store/sessions.js';
 import type { Role } from '../store/users.js';
 
 export const SESSION_COOKIE = 'svc_session';
@@ -75,14 +75,50 @@ export function readCookie(header: string | undefined, name: string): string | n
 
 const isHttps = (publicUrl: string) => new URL(publicUrl).protocol === 'https:';
 
+/**
+ * The session cookie's name. Under an https public URL it takes the `__Host-` prefix: browsers then
+ * keep it only when it is Secure, for Path=/ and without Domain, so that no other host (a sibling
+ * subdomain, a plain-http page) can set or shadow it.
+ */
+export function sessionCookieName(settings: Pick<SessionSettings, 'publicUrl'>): string {
+  return isHttps(settings.publicUrl) ? `__Host-${SESSION_COOKIE}` : SESSION_COOKIE;
+}
+
+/** The session token the request's cookie carries, if any. */
+export function sessionTokenOf(request: FastifyRequest, settings: SessionSettings): string | null {
+  return readCookie(request.headers.cookie, sessionCookieName(settings));
+}
+
+function cookieLine(value: string, maxAge: number, settings: SessionSettings): string {
+  return `${sessionCookieName(settings)}=${value}; Path=/; Max-Age=${maxAge}; HttpOnly; SameSite=Lax${isHttps(settings.publicUrl) ? '; Secure' : ''}`;
+}
+
 /** Set-Cookie for a session token: script cannot read it, other sites' requests do not carry it (Lax). */
 export function sessionCookie(token: string, settings: SessionSettings): string {
-  const maxAge = Math.floor(settings.ttlMs / 1000);
-  return `${SESSION_COOKIE}=${token}; Path=/; Max-Age=${maxAge}; HttpOnly; SameSite=Lax${isHttps(settings.publicUrl) ? '; Secure' : ''}`;
+  return cookieLine(token, Math.floor(settings.ttlMs / 1000), settings);
 }
 
 export function clearedSessionCookie(settings: SessionSettings): string {
-  return `${SESSION_COOKIE}=; Path=/; Max-Age=0; HttpOnly; SameSite=Lax${isHttps(settings.publicUrl) ? '; Secure' : ''}`;
+  return cookieLine('', 0, settings);
+}
+
+/**
+ * The live session of the request's cookie, acting in `workspaceId` (null: the personal workspace).
+ * When the lookup moved the expiry, the cookie is sent again with it.
+ */
+export async function requestSession(
+  db: Db,
+  settings: SessionSettings,
+  request: FastifyRequest,
+  reply: FastifyReply,
+  workspaceId: string | null,
+): Promise<ResolvedSession | null> {
+  const token = sessionTokenOf(request, settings);
+  if (token === null || !isWellFormedToken(token)) return null;
+  const session = await resolveSession(db, { tokenHash: hashToken(token), workspaceId, ttlMs: settings.ttlMs });
+  // A sliding session: the cookie's lifetime moves with the stored expiry.
+  if (session?.renewed) reply.header('set-cookie', sessionCookie(token, settings));
+  return session;
 }
 
 /** Refuses a browser request from a page of another origin (`Origin` is absent outside browsers). */
@@ -92,11 +128,6 @@ export function assertSameOrigin(request: FastifyRequest, publicUrl: string): vo
   if (origin !== undefined && origin !== expected) {
     throw new AppError('forbidden', `Origin ${origin.slice(0, 200)} is not allowed; requests with the session cookie must come from ${expected}`);
   }
-}
-
-function sameSecret(given: string, expected: string): boolean {
-  const digest = (value: string) => createHash('sha256').update(value).digest();
-  return timingSafeEqual(digest(given), digest(expected));
 }
 
 export function makeAuthenticator(db: Db, limits: RateLimits, settings: SessionSettings) {
@@ -116,13 +147,11 @@ export function makeAuthenticator(db: Db, limits: RateLimits, settings: SessionS
     }
   }
 
-  async function authenticateSession(request: FastifyRequest, reply: FastifyReply, token: string): Promise<void> {
+  async function authenticateSession(request: FastifyRequest, reply: FastifyReply): Promise<void> {
     const asked = request.headers[WORKSPACE_HEADER];
     // A header that names no workspace matches none (the nil UUID is nobody's id): 403, never the default.
     const workspaceId = asked === undefined ? null : typeof asked === 'string' && isUuid(asked.trim()) ? asked.trim().toLowerCase() : NIL_UUID;
-    const session = isWellFormedToken(token)
-      ? await resolveSession(db, { tokenHash: hashToken(token), workspaceId, ttlMs: settings.ttlMs })
-      : null;
+    const session = await requestSession(db, settings, request, reply, workspaceId);
     if (!session) {
       // The browser may as well forget a cookie that no longer signs anyone in.
       reply.header('set-cookie', clearedSessionCookie(settings));
@@ -145,8 +174,6 @@ export function makeAuthenticator(db: Db, limits: RateLimits, settings: SessionS
     }
     const counted = await countRequest(db, session.userId, limits);
     if (counted.kind === 'limited') throw new RateLimitedError(counted.window, counted.limit, counted.retryAfterSeconds);
-    // A sliding session: the cookie's lifetime moves with the stored expiry.
-    if (session.renewed) reply.header('set-cookie', sessionCookie(token, settings));
     request.session = {
       sessionId: session.sessionId,
       userId: session.userId,
@@ -162,9 +189,8 @@ export function makeAuthenticator(db: Db, limits: RateLimits, settings: SessionS
 
   return async function authenticate(request: FastifyRequest, reply: FastifyReply): Promise<void> {
     if (request.headers.authorization !== undefined) return authenticateKey(request);
-    const token = readCookie(request.headers.cookie, SESSION_COOKIE);
-    if (token === null) throw new UnauthorizedError();
-    return authenticateSession(request, reply, token);
+    if (sessionTokenOf(request, settings) === null) throw new UnauthorizedError();
+    return authenticateSession(request, reply);
   };
 }
 

@@ -144,8 +144,8 @@ export const signInLinks = pgTable(
 
 /**
  * Failed password sign-ins per subject (an email address, or a client's network), for the exponential
- * backoff of src/engine/users.ts. `subject` is a SHA-256, so unknown addresses are not stored.
- * A row whose last failure is a day old says nothing any more and goes.
+ * backoff of src/engine/users.ts (rules in src/store/sessions.ts). `subject` is a SHA-256, so unknown
+ * addresses are not stored. A row whose last failure is two days old says nothing any more and goes.
  */
 export const signInThrottles = pgTable(
   'sign_in_throttles',

@@ -1,7 +1,10 @@
-/** Sessions of signed-in users and one-time sign-in links. Tokens arrive here hashed; neither is stored. */
+/**
+ * Sessions of signed-in users, one-time sign-in links (tokens arrive here hashed; neither is stored) and
+ * the throttle of failed password sign-ins.
+ */
 import { and, eq, isNull, ne, sql } from 'drizzle-orm';
-import { preparedRows, type Db } from './db.js';
-import { sessions, signInLinks } from './schema.js';
+import { preparedRows, queryRows, type Db } from './db.js';
+import { sessions, signInLinks, signInThrottles } from './schema.js';
 import type { Role } from './users.js';
 
 export type SessionRow = typeof sessions.$inferSelect;
@@ -129,10 +132,7 @@ export async function createSignInLink(db: Db, input: { userId: string; tokenHas
     await tx
       .delete(signInLinks)
       .where(and(eq(signInLinks.userId, input.userId), sql`least(${signInLinks.usedAt}, ${signInLinks.expiresAt}) < now() - ${ENDED_KEPT}`));
-    await tx
-      .update(signInLinks)
-      .set({ expiresAt: sql`least(${signInLinks.expiresAt}, now())` })
-      .where(and(eq(signInLinks.userId, input.userId), isNull(signInLinks.usedAt)));
+    await expireSignInLinks(tx, input.userId);
     const [row] = await tx
       .insert(signInLinks)
       .values({ userId: input.userId, tokenHash: input.tokenHash, expiresAt: sql`now() + ${input.ttlMs}::float8 * interval '1 millisecond'` })
@@ -140,6 +140,14 @@ export async function createSignInLink(db: Db, input: { userId: string; tokenHas
     if (!row) throw new Error('insert returned no row');
     return row;
   });
+}
+
+/** Ends every unused sign-in link of the user (a newer link replaces them; a new password ends them). */
+export async function expireSignInLinks(db: Db, userId: string): Promise<void> {
+  await db
+    .update(signInLinks)
+    .set({ expiresAt: sql`least(${signInLinks.expiresAt}, now())` })
+    .where(and(eq(signInLinks.userId, userId), isNull(signInLinks.usedAt)));
 }
 
 export type LinkRedemption = { kind: 'redeemed'; userId: string } | { kind: 'used' } | { kind: 'expired' } | { kind: 'unknown' };
@@ -155,7 +163,94 @@ export async function redeemSignInLink(db: Db, tokenHash: string): Promise<LinkR
     .where(and(eq(signInLinks.tokenHash, tokenHash), isNull(signInLinks.usedAt), sql`${signInLinks.expiresAt} > now()`))
     .returning({ userId: signInLinks.userId });
   if (redeemed) return { kind: 'redeemed', userId: redeemed.userId };
-  const [link] = await db.select({ usedAt: signInLinks.usedAt }).from(signInLinks).where(eq(signInLinks.tokenHash, tokenHash));
+  return inspectSignInLink(db, tokenHash);
+}
+
+/** What a link would do if redeemed now, without redeeming it (the page a GET of the link shows). */
+export async function inspectSignInLink(db: Db, tokenHash: string): Promise<LinkRedemption> {
+  const [link] = await db
+    .select({ userId: signInLinks.userId, usedAt: signInLinks.usedAt, live: sql<boolean>`${signInLinks.expiresAt} > now()` })
+    .from(signInLinks)
+    .where(eq(signInLinks.tokenHash, tokenHash));
   if (!link) return { kind: 'unknown' };
-  return link.usedAt ? { kind: 'used' } : { kind: 'expired' };
+  if (link.usedAt) return { kind: 'used' };
+  return link.live ? { kind: 'redeemed', userId: link.userId } : { kind: 'expired' };
+}
+
+/**
+ * How failed sign-ins of one subject (an email, a network) are throttled: the first `limit` failures are
+ * free; the one that reaches it locks the subject for `lockSeconds`, and each failure after a lock
+ * doubles it, up to `maxLockSeconds`. Failures are forgotten `forgetSeconds` after the last lock ends
+ * (or after the last failure, below the limit).
+ */
+export interface ThrottlePolicy {
+  limit: number;
+  lockSeconds: number;
+  maxLockSeconds: number;
+  forgetSeconds: number;
+}
+
+/** The lock, in seconds, that `failures` failures impose from the last one (SQL over parameters $2-$4). */
+const lockAfter = (failures: string) =>
+  `(case when ${failures} < $2::int then 0 else least($4::float8, $3::float8 * power(2, least(${failures} - $2::int, 40))) end)`;
+
+/**
+ * Counts an attempt of `subject` as a failure before it is checked, unless the subject is locked: so
+ * parallel guesses cannot outrun the limit. An attempt that then succeeds is withdrawn
+ * (withdrawSignInAttempt). One statement: concurrent attempts of a subject serialise on its row.
+ * `counted` is what withdrawing needs.
+ */
+const ADMIT_ATTEMPT = `
+    with before as (select last_failure_at::text as at from sign_in_throttles where subject = $1)
+    insert into sign_in_throttles as t (subject, failures, last_failure_at) values ($1, 1, now())
+    on conflict (subject) do update set
+      failures = case when t.last_failure_at + (${lockAfter('t.failures')} + $5::float8) * interval '1 second' < now() then 1 else t.failures + 1 end,
+      last_failure_at = now()
+    where not (t.failures >= $2::int and t.last_failure_at + ${lockAfter('t.failures')} * interval '1 second' > now())
+    returning t.last_failure_at::text as at, (select at from before) as previous`;
+
+const RETRY_AFTER = `
+    select greatest(1, ceil(extract(epoch from t.last_failure_at + ${lockAfter('t.failures')} * interval '1 second' - now())))::int as seconds
+    from sign_in_throttles t where subject = $1`;
+
+/** An attempt counted by admitSignInAttempt: its subject, and the failure time it replaced. */
+export interface CountedAttempt {
+  subject: string;
+  at: string;
+  previous: string | null;
+}
+
+export async function admitSignInAttempt(
+  db: Db,
+  subject: string,
+  policy: ThrottlePolicy,
+): Promise<{ kind: 'counted'; attempt: CountedAttempt } | { kind: 'locked'; retryAfterSeconds: number }> {
+  const params = [subject, policy.limit, policy.lockSeconds, policy.maxLockSeconds];
+  const [counted] = await preparedRows<{ at: string; previous: string | null }>(db, 'svc_admit_sign_in', ADMIT_ATTEMPT, [...params, policy.forgetSeconds]);
+  if (counted) return { kind: 'counted', attempt: { subject, at: counted.at, previous: counted.previous } };
+  const [lock] = await preparedRows<{ seconds: number }>(db, 'svc_sign_in_retry_after', RETRY_AFTER, params);
+  return { kind: 'locked', retryAfterSeconds: Math.max(1, Number(lock?.seconds ?? 1)) };
+}
+
+/**
+ * Takes back an attempt that succeeded: one failure less, and the time of the last failure as it was
+ * (unless another attempt has counted since).
+ */
+export async function withdrawSignInAttempt(db: Db, attempt: CountedAttempt): Promise<void> {
+  await queryRows(
+    db,
+    sql`update ${signInThrottles} set failures = greatest(${signInThrottles.failures} - 1, 0),
+      last_failure_at = case when last_failure_at = ${attempt.at}::timestamptz then coalesce(${attempt.previous}::timestamptz, last_failure_at) else last_failure_at end
+      where ${signInThrottles.subject} = ${attempt.subject}`,
+  );
+}
+
+/** Forgets the failures of `subject` (the right password of an email clears its failures). */
+export async function clearSignInFailures(db: Db, subject: string): Promise<void> {
+  await db.delete(signInThrottles).where(eq(signInThrottles.subject, subject));
+}
+
+/** Deletes what says nothing any more: rows without failures, and rows whose last failure is two days old. */
+export async function pruneSignInThrottles(db: Db): Promise<void> {
+  await db.delete(signInThrottles).where(sql`${signInThrottles.failures} <= 0 or ${signInThrottles.lastFailureAt} < now() - interval '2 days'`);
 }

@@ -42,12 +42,30 @@ export async function listUsers(db: Db): Promise<UserRow[]> {
  * Inserts a user unless the email (in any case) is taken. Returns the user and whether this call made
  * it; of two concurrent calls for one email exactly one creates it.
  */
-export async function insertUserIfNew(db: Db, input: { email: string; name: string | null }): Promise<{ user: UserRow; created: boolean }> {
-  const [created] = await db.insert(users).values({ email: input.email, name: input.name }).onConflictDoNothing().returning();
+export async function insertUserIfNew(
+  db: Db,
+  input: { email: string; name: string | null; createdByWorkspaceId: string | null; confirmed: boolean },
+): Promise<{ user: UserRow; created: boolean }> {
+  const [created] = await db
+    .insert(users)
+    .values({ email: input.email, name: input.name, createdByWorkspaceId: input.createdByWorkspaceId, confirmedAt: input.confirmed ? sql`now()` : null })
+    .onConflictDoNothing()
+    .returning();
   if (created) return { user: created, created: true };
   const existing = await findUserByEmail(db, input.email);
   if (!existing) throw new Error(`user ${input.email} conflicted on insert but cannot be found`);
   return { user: existing, created: false };
+}
+
+/** Records that an operator vouched for the account: any workspace may add it from now on. */
+export async function confirmUser(db: Db, userId: string): Promise<UserRow> {
+  const [row] = await db
+    .update(users)
+    .set({ confirmedAt: sql`coalesce(${users.confirmedAt}, now())` })
+    .where(eq(users.id, userId))
+    .returning();
+  if (!row) throw new Error(`user ${userId} cannot be found`);
+  return row;
 }
 
 export async function setPasswordHash(db: Db, userId: string, passwordHash: string): Promise<void> {

@@ -1,11 +1,13 @@
 /**
  * Workspace members on both databases: adding people by email (creating the account, with a one-time
- * link only for an account the request created), listing them, and who may add whom.
+ * link only for an account the request created and only to a signed-in person, never to an API key),
+ * accounts another workspace made (409 until an operator confirms them), listing, and who may add whom.
  */
 import { randomBytes } from 'node:crypto';
 import { sql } from 'drizzle-orm';
 import type { InjectOptions, LightMyRequestResponse } from 'fastify';
 import { describe, expect, it } from 'vitest';
+import { createUser } from '../../src/engine/admin.js';
 import { findOrCreateAccount, issueSignInLink } from '../../src/engine/users.js';
 import { queryRows } from '../../src/store/db.js';
 import { findRoutingConfigs, upsertRoutingConfig } from '../../src/store/routing.js';
@@ -43,12 +45,13 @@ describe.each(testDrivers)('workspace members on %s', (driver) => {
     return { user, request: await sessionOf(user.id, tenant.workspace.id) };
   }
 
-  it('creates an account with a one-time link; an existing account only gets the membership', async () => {
+  it('creates an account with a one-time link for a signed-in admin; an API key gets the account and no link', async () => {
     const tenant = await api.newTenant();
+    const admin = await memberOf(tenant, 'admin');
     // The new account's personal workspace starts with the agent of the workspace that added it.
     await upsertRoutingConfig(db(), tenant.workspace.id, 'default', { mode: 'agent', agent: 'openai/gpt-5', effort: 'medium', instructions: null });
     const address = email('new');
-    const created = await tenant.request('POST', '/api/v1/members', { email: address, name: 'Lin', role: 'admin' });
+    const created = await admin.request('POST', '/api/v1/members', { email: address, name: 'Lin', role: 'admin' });
     expect(created.statusCode, created.body).toBe(201);
     const body = created.json();
     expect(body).toEqual({
@@ -60,9 +63,10 @@ describe.each(testDrivers)('workspace members on %s', (driver) => {
     const personal = await findPersonalWorkspace(db(), body.member.userId);
     expect(personal).toMatchObject({ plan: 'free' });
     expect((await findRoutingConfigs(db(), personal!.id, null)).fallback?.agent).toBe('openai/gpt-5');
+    expect(await findUserByEmail(db(), address)).toMatchObject({ createdByWorkspaceId: tenant.workspace.id, confirmedAt: null });
 
-    // The link signs the new member in, and the session sees both workspaces.
-    const opened = await api.app.inject({ method: 'GET', url: String(body.signInLink).slice(TEST_PUBLIC_URL.length) });
+    // The link's button signs the new member in, and the session sees both workspaces.
+    const opened = await api.app.inject({ method: 'POST', url: String(body.signInLink).slice(TEST_PUBLIC_URL.length) });
     expect(opened.statusCode).toBe(303);
     const cookie = String(opened.headers['set-cookie']).split(';')[0]!;
     const session = await api.app.inject({ method: 'GET', url: '/api/v1/auth/session', headers: { cookie } });
@@ -71,23 +75,64 @@ describe.each(testDrivers)('workspace members on %s', (driver) => {
       [tenant.workspace.id, 'admin'],
     ]);
 
-    // An account that exists (in any case of its address) gets the membership and no link.
-    const other = await api.newTenant();
-    const existing = await other.request('POST', '/api/v1/members', { email: address.toUpperCase(), name: 'Ignored' });
-    expect(existing.statusCode, existing.body).toBe(201);
-    expect(existing.json()).toMatchObject({ member: { userId: body.member.userId, email: address, name: 'Lin', role: 'member' }, accountCreated: false, signInLink: null, signInLinkExpiresAt: null });
-    // No link was made for it behind the scenes either, and the account is as it was.
-    const links = await queryRows<{ n: number }>(db(), sql`select count(*)::int as n from sign_in_links where user_id = ${body.member.userId}`);
-    expect(links).toEqual([{ n: 1 }]);
-    expect(await findUserByEmail(db(), address)).toMatchObject({ name: 'Lin', passwordHash: null });
+    // With the workspace's API key: the account and the membership, but never a link, made or answered.
+    const byKey = email('by-key');
+    const keyed = await tenant.request('POST', '/api/v1/members', { email: byKey });
+    expect(keyed.statusCode, keyed.body).toBe(201);
+    expect(keyed.json()).toMatchObject({ member: { email: byKey, role: 'member' }, accountCreated: true, signInLink: null, signInLinkExpiresAt: null });
+    const links = await queryRows<{ n: number }>(db(), sql`select count(*)::int as n from sign_in_links where user_id = ${keyed.json().member.userId}`);
+    expect(links).toEqual([{ n: 0 }]);
 
-    const twice = await other.request('POST', '/api/v1/members', { email: address });
+    const twice = await tenant.request('POST', '/api/v1/members', { email: address });
     expect(twice.statusCode).toBe(409);
     expect(twice.json().error).toMatchObject({ code: 'conflict', message: `${address} is already a member of this workspace` });
-
-    const listed = await other.request('GET', '/api/v1/members');
+    const listed = await tenant.request('GET', '/api/v1/members');
     expect(listed.statusCode).toBe(200);
-    expect(listed.json()).toEqual({ members: [{ userId: body.member.userId, email: address, name: 'Lin', role: 'member', createdAt: expect.any(String) }] });
+    expect(listed.json().members.map((member: { email: string }) => member.email)).toEqual(expect.arrayContaining([address, byKey]));
+  });
+
+  it('refuses an account another workspace made with 409 until an operator confirms it; then adds it without a link', async () => {
+    const maker = await api.newTenant();
+    const address = email('made');
+    const made = await maker.request('POST', '/api/v1/members', { email: address, name: 'Lin' });
+    expect(made.statusCode, made.body).toBe(201);
+    const userId: string = made.json().member.userId;
+
+    // Whoever holds that account (the maker's admin could) must not get into another workspace under this address.
+    const other = await api.newTenant();
+    const otherOwner = await memberOf(other, 'owner');
+    for (const request of [other.request, otherOwner.request]) {
+      const refused = await request('POST', '/api/v1/members', { email: address.toUpperCase() });
+      expect(refused.statusCode, refused.body).toBe(409);
+      expect(refused.json().error).toEqual({
+        code: 'conflict',
+        message: `${address} has an account that another workspace created; an operator must confirm it (svc admin user create --confirm) before this workspace can add it`,
+      });
+    }
+    expect((await other.request('GET', '/api/v1/members')).json().members.map((member: { userId: string }) => member.userId)).not.toContain(userId);
+
+    // The operator too is refused without saying so, and confirms with the flag.
+    const options = { publicUrl: TEST_PUBLIC_URL, defaultAgent: DEFAULT_AGENT };
+    const third = await api.newTenant();
+    await expect(createUser(db(), { email: address, workspace: third.workspace.name }, options)).rejects.toThrow(/no operator has confirmed it; .* add --confirm$/);
+    // Its own workspace still may, without confirming.
+    const own = await createUser(db(), { email: address, workspace: maker.workspace.name }, options);
+    expect(own).toMatchObject({ created: false, membershipAdded: false });
+    expect(await findUserByEmail(db(), address)).toMatchObject({ confirmedAt: null });
+    const confirmed = await createUser(db(), { email: address, workspace: third.workspace.name, confirm: true }, options);
+    expect(confirmed).toMatchObject({ created: false, membershipAdded: true, role: 'member' });
+    expect(confirmed.user.confirmedAt).toBeInstanceOf(Date);
+
+    // Confirmed, the account joins any workspace; an existing account never comes with a link.
+    const added = await other.request('POST', '/api/v1/members', { email: address, name: 'Ignored' });
+    expect(added.statusCode, added.body).toBe(201);
+    expect(added.json()).toMatchObject({ member: { userId, email: address, name: 'Lin', role: 'member' }, accountCreated: false, signInLink: null });
+
+    // Accounts the operator makes are confirmed from the start; accounts of unknown origin are nobody's.
+    const byOperator = await createUser(db(), { email: email('operator'), workspace: third.workspace.name }, options);
+    expect((await other.request('POST', '/api/v1/members', { email: byOperator.user.email })).statusCode).toBe(201);
+    const { user: unknown } = await db().transaction((tx) => findOrCreateAccount(tx, { email: email('legacy'), defaultAgent: DEFAULT_AGENT }));
+    expect((await other.request('POST', '/api/v1/members', { email: unknown.email })).statusCode).toBe(409);
   });
 
   it('refuses bad input with 400 naming the field', async () => {

@@ -1,6 +1,6 @@
 /**
- * Signing in and out: /api/v1/auth (JSON) and the browser's one-time link, GET /auth/sign-in/{token}.
- * Rules and cookie attributes: docs/api.md "Users and sessions".
+ * Signing in and out: /api/v1/auth (JSON) and the browser's one-time link, /auth/sign-in/{token} (GET
+ * shows a page, its form's POST signs in). Rules and cookie attributes: docs/api.md "Users and sessions".
  */
 import { z } from 'zod';
 import type { FastifyPluginAsync, FastifyReply, FastifyRequest } from 'fastify';
@@ -9,8 +9,9 @@ import { AppError } from '../../domain/errors.js';
 import { ChangePasswordBody, SessionResponse, SignInBody, SignInLinkBody, SignInResponse } from '../../protocol/auth.js';
 import * as users from '../../engine/users.js';
 import type { Db } from '../../store/db.js';
-import { assertSameOrigin, clearedSessionCookie, readCookie, requireUser, SESSION_COOKIE, sessionCookie, USER_REQUIRED, type SessionSettings } from '../auth.js';
+import { assertSameOrigin, clearedSessionCookie, requireUser, sessionCookie, sessionTokenOf, USER_REQUIRED, type SessionSettings } from '../auth.js';
 import { refuseNulBytes } from '../nul.js';
+import { acceptForms, escapeHtml, hiddenField, sendPage } from '../pages.js';
 import { describedErrorResponses } from './responses.js';
 
 export interface AuthDeps {
@@ -26,7 +27,8 @@ function signInOptions(request: FastifyRequest, settings: SessionSettings): user
   return {
     ttlMs: settings.ttlMs,
     userAgent: request.headers['user-agent'] ?? null,
-    replacedToken: readCookie(request.headers.cookie, SESSION_COOKIE),
+    replacedToken: sessionTokenOf(request, settings),
+    ip: request.ip,
   };
 }
 
@@ -40,8 +42,9 @@ function answerGrant(reply: FastifyReply, grant: users.SessionGrant, settings: S
 const SIGN_IN_ERRORS = {
   403: '`forbidden`: a browser request from a page of another origin (`Origin` is not the public URL\'s)',
   429:
-    '`rate_limited` "Too many failed sign-in attempts for this email; try again later": 10 failed attempts for one email in 15 ' +
-    'minutes; `Retry-After` says when to try again, `details` is `{ retryAfterSeconds }`',
+    '`rate_limited` "Too many failed sign-in attempts for this email; try again later" (10 failures of one email lock it for 15 ' +
+    'minutes, each further failure doubles that) or "… for your network; try again later" (100 failures from one client network); ' +
+    '`Retry-After` says when to try again, `details` is `{ retryAfterSeconds }`',
 };
 
 /** The routes that sign in: they need no credential, only JSON bodies like every other route. */
@@ -162,17 +165,18 @@ export const sessionRoutes: FastifyPluginAsyncZod<AuthDeps> = async (app, { db, 
       schema: {
         tags: TAG,
         operationId: 'changePassword',
-        summary: 'Set or change the password (the current one is required once one is set); signs out every other session',
+        summary: 'Set or change the password (the current one is required once one is set); signs out every other session and ends unused sign-in links',
         ...SESSION_ONLY,
         body: ChangePasswordBody,
         response: {
-          204: z.null().describe('The password is set; every other session of the user is signed out'),
+          204: z.null().describe('The password is set; every other session of the user is signed out, and unused sign-in links stop working'),
           ...describedErrorResponses(
             {
               403: `${SESSION_ONLY_403}; "The current password is wrong"`,
               429:
                 '`rate_limited`: over the rate limit of this user, or "Too many failed sign-in attempts for this email; try again later" ' +
-                'when wrong current passwords and failed sign-ins of the email reach 10 in 15 minutes; `Retry-After` says when to try again',
+                'when wrong current passwords and failed sign-ins of the email have locked it (or "… for your network", as for sign-in); ' +
+                '`Retry-After` says when to try again',
             },
             400,
             403,
@@ -182,7 +186,7 @@ export const sessionRoutes: FastifyPluginAsyncZod<AuthDeps> = async (app, { db, 
     },
     async (request, reply) => {
       const session = requireUser(request);
-      await users.changePassword(db, session, request.body);
+      await users.changePassword(db, session, request.body, { ip: request.ip });
       return reply.status(204).send(null);
     },
   );
@@ -194,21 +198,9 @@ const LINK_PAGES = {
   expired: {
     status: 410,
     title: 'This sign-in link has expired',
-    text: 'Links work for 24 hours, and a newer link replaces older ones. Ask for a new one, or sign in with your password.',
+    text: 'Links work for 24 hours; a newer link, or a new password, ends older ones. Ask for a new one, or sign in with your password.',
   },
 } as const;
-
-function linkPage(title: string, text: string): string {
-  return `<!doctype html>
-<html lang="en">
-<head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1"><title>${title}</title></head>
-<body style="font-family: system-ui, sans-serif; max-width: 36rem; margin: 4rem auto; padding: 0 1rem">
-<h1 style="font-size: 1.4rem">${title}</h1>
-<p>${text}</p>
-</body>
-</html>
-`;
-}
 
 /** Where to go after signing in: a path on this origin, never another site (an open redirect). */
 export function redirectTarget(next: unknown, publicUrl: string): string {
@@ -223,25 +215,50 @@ export function redirectTarget(next: unknown, publicUrl: string): string {
 }
 
 /**
- * GET /auth/sign-in/{token}: the link a person opens. It signs them in and sends them on (303) to `/` or
- * to a `next` path of this origin; a link that does not work answers a small page saying why.
+ * /auth/sign-in/{token}: the link a person opens. GET only shows a page (mail scanners and link
+ * previews open links on their own, and must not use them up or sign anyone in): the account it is for
+ * and a button. The button's POST, from a page of this origin, signs in and sends the person on (303) to
+ * `/` or to a `next` path of this origin. A link that does not work answers a small page saying why.
  */
 export const browserSignInRoute: FastifyPluginAsync<AuthDeps> = async (app, { db, settings }) => {
-  app.get(`${users.SIGN_IN_PATH}/:token`, { schema: { hide: true } }, async (request, reply) => {
-    // The token is a credential: keep it out of caches and out of the Referer of the next page.
-    reply.header('cache-control', 'no-store').header('referrer-policy', 'no-referrer');
+  acceptForms(app);
+  const path = `${users.SIGN_IN_PATH}/:token`;
+  const linkFailed = (reply: FastifyReply, kind: keyof typeof LINK_PAGES) => {
+    const page = LINK_PAGES[kind];
+    return sendPage(reply, page.status, page.title, `<p>${escapeHtml(page.text)}</p>`);
+  };
+
+  app.get(path, { schema: { hide: true } }, async (request, reply) => {
     const { token } = request.params as { token: string };
-    const outcome = await users.signInWithLink(db, token, signInOptions(request, settings));
-    if (outcome.kind === 'signed-in') {
-      const next = (request.query as Record<string, unknown>).next;
-      return reply.header('set-cookie', sessionCookie(outcome.grant.token, settings)).redirect(redirectTarget(next, settings.publicUrl), 303);
+    const link = await users.previewSignInLink(db, token);
+    if (link.kind !== 'live') return linkFailed(reply, link.kind);
+    const next = redirectTarget((request.query as Record<string, unknown>).next, settings.publicUrl);
+    return sendPage(
+      reply,
+      200,
+      'Sign in',
+      `<p>This one-time link signs you in as <strong>${escapeHtml(link.email)}</strong>.</p>
+<form method="post" action="${escapeHtml(`${users.SIGN_IN_PATH}/${encodeURIComponent(token)}`)}">
+${next === '/' ? '' : `${hiddenField('next', next)}\n`}<button type="submit" style="font-size: 1.1rem; padding: 0.5rem 1rem">Sign in</button>
+</form>
+<p>The link works once, within 24 hours of when it was made.</p>`,
+    );
+  });
+
+  app.post(path, { schema: { hide: true } }, async (request, reply) => {
+    const { token } = request.params as { token: string };
+    const origin = request.headers.origin;
+    // A page of another site could otherwise sign this browser in to an account of its choosing.
+    if (origin !== undefined && origin !== new URL(settings.publicUrl).origin) {
+      return sendPage(reply, 403, 'This sign-in did not come from this service', '<p>Nobody was signed in. Open the sign-in link again and use its button.</p>');
     }
-    const page = LINK_PAGES[outcome.kind];
+    const outcome = await users.signInWithLink(db, token, signInOptions(request, settings));
+    if (outcome.kind !== 'signed-in') return linkFailed(reply, outcome.kind);
+    const form = (request.body ?? {}) as Record<string, unknown>;
     return reply
-      .status(page.status)
-      .header('content-security-policy', "default-src 'none'; style-src 'unsafe-inline'")
-      .header('x-content-type-options', 'nosniff')
-      .type('text/html; charset=utf-8')
-      .send(linkPage(page.title, page.text));
+      .header('set-cookie', sessionCookie(outcome.grant.token, settings))
+      .header('cache-control', 'no-store')
+      .header('referrer-policy', 'no-referrer')
+      .redirect(redirectTarget(form.next, settings.publicUrl), 303);
   });
 };

@@ -36,7 +36,8 @@ export const memberRoutes: FastifyPluginAsyncZod<RestDeps> = async (app, { db, p
       schema: {
         tags: TAG,
         operationId: 'addMember',
-        summary: 'Add a user to the workspace, creating the account (with a one-time sign-in link) if the email has none',
+        summary:
+          'Add a user to the workspace, creating the account if the email has none (with a one-time sign-in link when a signed-in owner or admin asks; never for an API key)',
         body: AddMemberBody,
         response: {
           201: AddMemberResponse,
@@ -45,7 +46,9 @@ export const memberRoutes: FastifyPluginAsyncZod<RestDeps> = async (app, { db, p
               403:
                 '`forbidden`: the caller is a signed-in user who is not an owner or admin of the workspace (or an admin adding an owner), ' +
                 'the workspace is a personal one, or a session check failed (CSRF token, origin, workspace)',
-              409: '`conflict`: the user is already a member of the workspace',
+              409:
+                '`conflict`: the user is already a member of the workspace, or the account was made by another workspace and no operator has ' +
+                'confirmed it (`svc admin user create --confirm`)',
             },
             400,
             403,

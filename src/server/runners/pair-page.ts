@@ -4,20 +4,18 @@
  * form carrying the session's CSRF token, from this origin only), and reads the code to type into the
  * terminal. A page, not an API route: it is hidden from the OpenAPI document.
  */
-import { createHash, timingSafeEqual } from 'node:crypto';
-import type { FastifyPluginAsync, FastifyReply, FastifyRequest } from 'fastify';
+import type { FastifyPluginAsync, FastifyReply } from 'fastify';
 import { AppError } from '../../domain/errors.js';
+import { sameSecret } from '../../domain/secrets.js';
 import * as enrollment from '../../engine/runners/enrollment.js';
-import { hashToken, isWellFormedToken } from '../../engine/users.js';
 import { CreatePairingBody, RUNNER_LIMITS } from '../../protocol/runner.js';
 import type { Db } from '../../store/db.js';
 import { countRequest, type RateLimits } from '../../store/rate-limit.js';
-import { resolveSession, type ResolvedSession } from '../../store/sessions.js';
-import { assertSameOrigin, readCookie, SESSION_COOKIE, sessionCookie, type SessionSettings } from '../auth.js';
+import { findUser } from '../../store/users.js';
+import { assertSameOrigin, requestSession, type SessionSettings } from '../auth.js';
+import { acceptForms, code, escapeHtml, hiddenField, sendPage } from '../pages.js';
 
 export const PAIR_PAGE_PATH = '/pair-runner';
-/** The form's fields are a challenge, a name and a token: a few hundred bytes. */
-const FORM_LIMIT_BYTES = 16 * 1024;
 const TTL_MINUTES = Math.round(RUNNER_LIMITS.pairingCodeTtlMs / 60_000);
 
 export interface PairPageDeps {
@@ -26,43 +24,6 @@ export interface PairPageDeps {
   /** The per-user limit of session requests: issuing a code counts as one. */
   rateLimits: RateLimits;
 }
-
-export function escapeHtml(value: string): string {
-  return value.replace(/[&<>"']/g, (char) => `&#${char.charCodeAt(0)};`);
-}
-
-const STYLE = 'font-family: system-ui, sans-serif; max-width: 36rem; margin: 4rem auto; padding: 0 1rem; line-height: 1.5';
-
-/** A whole page; `body` is HTML the caller has escaped. */
-function page(title: string, body: string): string {
-  return `<!doctype html>
-<html lang="en">
-<head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1"><title>${escapeHtml(title)}</title></head>
-<body style="${STYLE}">
-<h1 style="font-size: 1.4rem">${escapeHtml(title)}</h1>
-${body}
-</body>
-</html>
-`;
-}
-
-function sendPage(reply: FastifyReply, status: number, title: string, body: string): FastifyReply {
-  return (
-    reply
-      .status(status)
-      // No script at all, forms only to this origin, and never inside another site's frame (a framed
-      // page could trick the click that issues a code).
-      .header('content-security-policy', "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
-      .header('x-frame-options', 'DENY')
-      .header('x-content-type-options', 'nosniff')
-      .header('cache-control', 'no-store')
-      .header('referrer-policy', 'no-referrer')
-      .type('text/html; charset=utf-8')
-      .send(page(title, body))
-  );
-}
-
-const code = (text: string) => `<code>${escapeHtml(text)}</code>`;
 
 type PairingRequest = { challenge: string; name: string | undefined };
 
@@ -74,24 +35,8 @@ function pairingRequestOf(fields: unknown): PairingRequest | null {
   return parsed.success ? { challenge: parsed.data.challenge, name: parsed.data.name } : null;
 }
 
-function sameSecret(given: string, expected: string): boolean {
-  const digest = (value: string) => createHash('sha256').update(value).digest();
-  return timingSafeEqual(digest(given), digest(expected));
-}
-
 export const pairRunnerPage: FastifyPluginAsync<PairPageDeps> = async (app, { db, settings, rateLimits }) => {
-  // The one form of the service: only here is a urlencoded body read (the API takes JSON only).
-  app.addContentTypeParser('application/x-www-form-urlencoded', { parseAs: 'string', bodyLimit: FORM_LIMIT_BYTES }, (_request, body, done) => {
-    done(null, Object.fromEntries(new URLSearchParams(typeof body === 'string' ? body : body.toString('utf8'))));
-  });
-
-  async function sessionOf(request: FastifyRequest, reply: FastifyReply): Promise<ResolvedSession | null> {
-    const token = readCookie(request.headers.cookie, SESSION_COOKIE);
-    if (token === null || !isWellFormedToken(token)) return null;
-    const session = await resolveSession(db, { tokenHash: hashToken(token), workspaceId: null, ttlMs: settings.ttlMs });
-    if (session?.renewed) reply.header('set-cookie', sessionCookie(token, settings));
-    return session;
-  }
+  acceptForms(app);
 
   const badRequest = (reply: FastifyReply) =>
     sendPage(
@@ -117,18 +62,20 @@ export const pairRunnerPage: FastifyPluginAsync<PairPageDeps> = async (app, { db
   app.get(PAIR_PAGE_PATH, { schema: { hide: true } }, async (request, reply) => {
     const pairing = pairingRequestOf(request.query);
     if (!pairing) return badRequest(reply);
-    const session = await sessionOf(request, reply);
-    if (!session) return signInFirst(reply, pairing);
+    const session = await requestSession(db, settings, request, reply, null);
+    const user = session && (await findUser(db, session.userId));
+    if (!session || !user) return signInFirst(reply, pairing);
     const computer = pairing.name ? `the computer ${code(pairing.name)}` : 'a computer';
     return sendPage(
       reply,
       200,
       'Pair a computer',
-      `<p>${computer} asks to run tasks for you with its own coding agents, in your personal workspace. ` +
+      `<p>Signed in as <strong>${escapeHtml(user.email)}</strong>. If that is not you, sign out of this service in this browser first.</p>
+<p>${computer} asks to run tasks for you with its own coding agents, in your personal workspace. ` +
         `Only continue if you just ran ${code('svc runner pair')} on it yourself.</p>
 <form method="post" action="${PAIR_PAGE_PATH}">
-<input type="hidden" name="challenge" value="${escapeHtml(pairing.challenge)}">
-${pairing.name ? `<input type="hidden" name="name" value="${escapeHtml(pairing.name)}">\n` : ''}<input type="hidden" name="csrfToken" value="${escapeHtml(session.csrfToken)}">
+${hiddenField('challenge', pairing.challenge)}
+${pairing.name ? `${hiddenField('name', pairing.name)}\n` : ''}${hiddenField('csrfToken', session.csrfToken)}
 <button type="submit" style="font-size: 1.1rem; padding: 0.5rem 1rem">Show a pairing code</button>
 </form>
 <p>The code works once, for ${TTL_MINUTES} minutes, and only together with the secret that stays on that computer.</p>`,
@@ -138,7 +85,7 @@ ${pairing.name ? `<input type="hidden" name="name" value="${escapeHtml(pairing.n
   app.post(PAIR_PAGE_PATH, { schema: { hide: true } }, async (request, reply) => {
     const pairing = pairingRequestOf(request.body);
     if (!pairing) return badRequest(reply);
-    const session = await sessionOf(request, reply);
+    const session = await requestSession(db, settings, request, reply, null);
     if (!session) return signInFirst(reply, pairing);
     const form = request.body as Record<string, unknown>;
     const csrf = typeof form.csrfToken === 'string' ? form.csrfToken : '';
