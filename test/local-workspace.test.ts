@@ -55,6 +55,11 @@ describe('list_files and search take paths and patterns as such', () => {
     await expectNoOptionInjection(localWorkspace(dir, { env: { PATH: process.env.PATH ?? '/usr/bin:/bin' } }), () => dir);
   });
 
+  it("refuses to confine a program to the credential proxy: a runner's folder has no sandbox to do it", async () => {
+    const workspace = localWorkspace(folder(), { env: { PATH: process.env.PATH ?? '/usr/bin:/bin' } });
+    await expect(workspace.runStreaming(['true'], { timeoutMs: 10_000, egressDir: tmpdir(), onLine: () => undefined })).rejects.toThrow(/no sandbox/);
+  });
+
   it('in a sandboxed fork', async () => {
     const root = mkdtempSync(join(tmpdir(), 'svc-fork-workspace-'));
     const environment = folder();
