@@ -85,19 +85,29 @@ export function environmentsFor(config: Config, database: Database, logger: Logg
 /**
  * The scheduler of this process, started: the fork lifecycle's moves, environments catching up with
  * merges and dropping versions no fork uses, forks of ended workspace shell grants (and, later, automations).
+ * The first two can take long (archives, setups): they run detached, so the rest never waits for them.
  */
 function startScheduler(config: Config, database: Database, forks: ForkLifecycle, environments: Environments, logger: Logger): Scheduler {
   const scheduler = new Scheduler({
     tickMs: config.schedulerTickMs,
     work: [
-      { name: 'fork-lifecycle', run: () => forks.tick() },
-      { name: 'environments', run: () => environments.sweep() },
+      { name: 'fork-lifecycle', detached: true, run: () => forks.tick() },
+      { name: 'environments', detached: true, run: () => environments.sweep() },
       { name: 'workspace-shells', run: () => expireWorkspaceShells({ db: database.db, dataDir: config.dataDir }) },
     ],
     logger: logger.child({ component: 'scheduler' }),
   });
   scheduler.start();
   return scheduler;
+}
+
+/**
+ * Shutdown's first step: the long work of the environments (setups) and of the fork lifecycle stops, so
+ * that stopping the scheduler, which waits for its work, does not wait for an install to finish.
+ */
+function abortBackgroundWork(forks: ForkLifecycle, environments: Environments): void {
+  environments.abort();
+  forks.abort();
 }
 
 /** Where people reach the service: SVC_PUBLIC_URL, or the address it listens on. */
@@ -136,6 +146,7 @@ export async function startWorker(config: Config, logger: Logger = pino({ level:
   return {
     async close() {
       try {
+        abortBackgroundWork(forks, environments);
         await scheduler.stop();
         await executor.stop();
         await environments.close();
@@ -199,6 +210,7 @@ export async function startService(config: Config, logger: Logger = pino({ level
       async close() {
         if (pruneTimer) clearInterval(pruneTimer);
         try {
+          abortBackgroundWork(forks, environments);
           await runningScheduler.stop();
           await runningExecutor?.stop();
           await running.close();

@@ -333,9 +333,17 @@ export class Environments {
     }
   }
 
-  /** Shutdown: stops the setups under way (their changes are not published; the next sweep redoes them). */
-  async close(): Promise<void> {
+  /**
+   * Shutdown, first step: stops the setups under way at once (their changes are not published; the next
+   * sweep redoes them) and the sweep before its next workspace, so that what waits for them does not hang.
+   */
+  abort(): void {
     this.stopping.abort();
+  }
+
+  /** Shutdown: aborts (see `abort`) and waits for the updates under way to end. */
+  async close(): Promise<void> {
+    this.abort();
     await this.idle();
   }
 
@@ -348,6 +356,7 @@ export class Environments {
     const result = { updated: 0, versions: 0, layers: 0 };
     if (!existsSync(root)) return result;
     for (const workspaceId of readdirSync(root)) {
+      if (this.stopping.signal.aborted) break;
       const before = this.current(workspaceId);
       if (!before) continue;
       try {

@@ -118,6 +118,7 @@ export class ForkLifecycle {
   /** The row and job behind each fork handed out, for release and discard. */
   private readonly held = new WeakMap<Fork, { id: string; jobId: string; workspaceId: string }>();
   private readonly managers = new Map<string, ForkManager>();
+  private aborted = false;
 
   constructor(private readonly options: ForkLifecycleOptions) {
     this.durations = { claimLeaseMs: DEFAULT_CLAIM_LEASE_MS, ...options.durations };
@@ -313,10 +314,19 @@ export class ForkLifecycle {
     await this.delete(claimed, records);
   }
 
+  /**
+   * Shutdown: a tick under way stops after the move it is making (a move is crash-safe, so what is left
+   * is done by the next process), and no other starts.
+   */
+  abort(): void {
+    this.aborted = true;
+  }
+
   /** Moves this host's forks that are due; each move is done by one process only. */
   async tick(): Promise<TickResult> {
     const result: TickResult = { stopped: 0, archived: 0, deleted: 0 };
-    for (const row of await listDueForks(this.db, this.options.host, this.durations)) {
+    for (const row of this.aborted ? [] : await listDueForks(this.db, this.options.host, this.durations)) {
+      if (this.aborted) break;
       try {
         const moved = await this.moveOn(row);
         if (moved) result[moved] += 1;

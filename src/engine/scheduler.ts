@@ -1,7 +1,13 @@
 /**
- * The scheduler: runs periodic work every `tickMs` in this process — today the fork lifecycle's moves,
- * later the automations. Ticks never overlap (the next is timed from the end of the last); a failing job
- * is logged and tried again next tick, never thrown out of the timer.
+ * The scheduler: runs periodic work every `tickMs` in this process — the fork lifecycle's moves, the
+ * environments' sweep, ended workspace shells, later the automations. Ticks never overlap (the next is
+ * timed from the end of the last); a failing job is logged and tried again next tick, never thrown out
+ * of the timer.
+ *
+ * Work that can take long (archiving forks, installing an environment's dependencies) is `detached`: a
+ * tick starts a round of it when its last round has ended and goes on without waiting for it, so that it
+ * never holds up the other work. `stop` waits for every round under way: a process shutting down stops
+ * its long work first (Environments.abort, ForkLifecycle.abort), then the scheduler.
  *
  * Every process runs its own scheduler. The fork lifecycle is per host (each host moves the forks on its
  * disk) and each of its moves is a conditional UPDATE, so several processes ticking at once is safe;
@@ -13,6 +19,8 @@ export interface ScheduledWork {
   name: string;
   /** One round of the work; what it resolves to is logged when it did something. */
   run(): Promise<unknown>;
+  /** Runs beside the ticks, one round at a time, instead of in them (see the module comment). */
+  detached?: boolean;
 }
 
 export interface SchedulerOptions {
@@ -25,6 +33,8 @@ export class Scheduler {
   private timer: NodeJS.Timeout | null = null;
   private inFlight: Promise<void> | null = null;
   private running = false;
+  /** The round under way of each detached work, by name. */
+  private readonly detached = new Map<string, Promise<void>>();
 
   constructor(private readonly options: SchedulerOptions) {}
 
@@ -35,15 +45,16 @@ export class Scheduler {
     this.schedule();
   }
 
-  /** Stops ticking and waits for a tick in flight to end. */
+  /** Stops ticking and waits for a tick in flight, and the detached rounds under way, to end. */
   async stop(): Promise<void> {
     this.running = false;
     if (this.timer) clearTimeout(this.timer);
     this.timer = null;
     await this.inFlight;
+    await Promise.all(this.detached.values());
   }
 
-  /** Runs every piece of work once, now (a tick in flight finishes first). */
+  /** Runs every piece of work once, now (a tick in flight finishes first; detached work is started, not awaited). */
   async tick(): Promise<void> {
     while (this.inFlight) await this.inFlight;
     const tick = this.runAll().finally(() => {
@@ -65,12 +76,22 @@ export class Scheduler {
 
   private async runAll(): Promise<void> {
     for (const work of this.options.work) {
-      try {
-        const result = await work.run();
-        if (didSomething(result)) this.options.logger.info({ work: work.name, result }, 'scheduled work done');
-      } catch (error) {
-        this.options.logger.error({ err: error, work: work.name }, 'scheduled work failed');
+      if (!work.detached) {
+        await this.runOnce(work);
+      } else if (!this.detached.has(work.name)) {
+        const round = this.runOnce(work).finally(() => this.detached.delete(work.name));
+        this.detached.set(work.name, round);
       }
+    }
+  }
+
+  /** One round of `work`; it never throws (a failure is logged). */
+  private async runOnce(work: ScheduledWork): Promise<void> {
+    try {
+      const result = await work.run();
+      if (didSomething(result)) this.options.logger.info({ work: work.name, result }, 'scheduled work done');
+    } catch (error) {
+      this.options.logger.error({ err: error, work: work.name }, 'scheduled work failed');
     }
   }
 }
