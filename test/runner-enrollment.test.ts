@@ -2,13 +2,15 @@
  * Desktop runner connections on both databases, through the real server: pairing codes (session only),
  * enrollment with the verifier (wrong verifiers burn a code, a code works once, retries get the same
  * receipt, racing enrollments have one winner), the runner credential, revocation and reconnecting (the
- * old connection's claimed runs fail exactly once), heartbeats (workspace, capabilities, projects),
+ * old connection's claimed runs fail exactly once; on PostgreSQL, without a deadlock against a receipt or
+ * an owner's answer racing it), heartbeats (workspace, capabilities, projects),
  * validation and body limits, the user's list of connections, the browser's pairing page, and the check
  * of a local task's target.
  */
 import { randomBytes, randomUUID } from 'node:crypto';
 import { eq, sql } from 'drizzle-orm';
 import type { InjectOptions, LightMyRequestResponse } from 'fastify';
+import pg from 'pg';
 import { describe, expect, it } from 'vitest';
 import { ValidationError } from '../src/domain/errors.js';
 import { challengeOf, hashPairingCode, hashRunnerCredential, normalizePairingCode } from '../src/domain/runners.js';
@@ -20,7 +22,7 @@ import { eventParts, jobs, localRequests, runnerPairings, runnerProjects, runner
 import { addMembership, findPersonalWorkspace } from '../src/store/users.js';
 import type { Workspace } from '../src/store/workspaces.js';
 import { DEFAULT_AGENT, TEST_PUBLIC_URL, useTestApi, type Tenant, type TestApi } from './support/api.js';
-import { testDrivers } from './support/db.js';
+import { postgresUrl, testDrivers } from './support/db.js';
 
 const INVALID_PAIRING = { error: { code: 'unauthorized', message: 'Invalid pairing code or verifier' } };
 const RUNNER_UNAUTHORIZED = { error: { code: 'unauthorized', message: 'Invalid or missing runner credential' } };
@@ -469,6 +471,105 @@ describe.each(testDrivers)('reconnecting a revoked connection on %s', (driver) =
     }
     expect(await jobRow(cancelled.job.id)).toMatchObject({ status: 'CANCELLED', runnerState: null });
     expect((await taskRow(claimed.task.id)).status).toBe('FAILED');
+  });
+
+  type Lock = [text: string, values: unknown[]];
+
+  /**
+   * Reconnects the runner while another transaction (PostgreSQL only) holds the locks `first` takes: once
+   * the reconnect waits for it, that transaction takes `then`'s and commits. A reconnect that held one of
+   * `then`'s rows while waiting would make a cycle, and one of the two would fail with 40P01.
+   */
+  async function reconnectWhileLocked(person: Person, old: Enrolled, first: Lock[], then: Lock[]): Promise<LightMyRequestResponse> {
+    const other = new pg.Client({ connectionString: postgresUrl(), options: `-c search_path=${api.db.schema}` });
+    const observer = new pg.Client({ connectionString: postgresUrl() });
+    await other.connect();
+    await observer.connect();
+    try {
+      const [{ pid }] = (await other.query<{ pid: number }>('select pg_backend_pid() as pid')).rows as [{ pid: number }];
+      await other.query('begin');
+      for (const [text, values] of first) await other.query(text, values);
+      const { verifier, challenge } = newVerifier();
+      const reconnecting = enrollRequest({
+        pairingCode: await pairingCode(person, challenge),
+        verifier,
+        credential: newCredential(),
+        name: 'laptop',
+        reconnect: { runnerId: old.receipt.runnerId, credential: old.credential, stopped: true },
+      });
+      let waiting = false;
+      for (let i = 0; i < 400 && !waiting; i++) {
+        await new Promise((resolve) => setTimeout(resolve, 25));
+        const { rows } = await observer.query<{ n: number }>('select count(*)::int as n from pg_stat_activity where $1 = any(pg_blocking_pids(pid))', [pid]);
+        waiting = rows[0]!.n > 0;
+      }
+      expect(waiting, 'the reconnect waits for the other transaction').toBe(true);
+      for (const [text, values] of then) await other.query(text, values);
+      await other.query('commit');
+      return await reconnecting;
+    } finally {
+      await other.end();
+      await observer.end();
+    }
+  }
+
+  it.runIf(driver === 'postgres')('releases a cancelled run while its owner answers its prompt, without a deadlock', async () => {
+    const person = await newPerson();
+    const web = project('web');
+    const old = await enroll(person, { projects: [web] });
+    const claimed = await localRun(person, old.receipt.runnerId, web.id, 'IN_PROGRESS');
+    // Cancelled under the runner, which still holds it (no receipt), with a prompt still pending.
+    const cancelled = await localRun(person, old.receipt.runnerId, web.id, 'IN_PROGRESS');
+    await db().update(jobs).set({ status: 'CANCELLED' }).where(eq(jobs.id, cancelled.job.id));
+    await db().update(tasks).set({ status: 'CANCELLED' }).where(eq(tasks.id, cancelled.task.id));
+    const [prompt] = await db()
+      .insert(localRequests)
+      .values({ jobId: cancelled.job.id, taskId: cancelled.task.id, requestId: 'p1', kind: 'permission', tool: 'bash', payload: {}, status: 'pending' })
+      .returning();
+    expect((await person.browser.request('POST', `/api/v1/runners/${old.receipt.runnerId}/revoke`)).statusCode).toBe(200);
+
+    // The owner answers the prompt, with the locks answerPermission takes: the task, the request, then
+    // the run (the answer is refused afterwards: the run no longer executes).
+    const reconnected = await reconnectWhileLocked(
+      person,
+      old,
+      [
+        ['select id from tasks where id = $1 for update', [cancelled.task.id]],
+        ['select id from local_requests where id = $1 for update', [prompt!.id]],
+      ],
+      [['select id from jobs where id = $1 for update', [cancelled.job.id]]],
+    );
+    expect(reconnected.statusCode, reconnected.body).toBe(200);
+    expect(reconnected.json().finalizedRuns).toEqual([claimed.job.id]);
+    expect(await jobRow(cancelled.job.id)).toMatchObject({ status: 'CANCELLED', runnerState: null });
+    expect((await db().select().from(localRequests).where(eq(localRequests.id, prompt!.id)))[0]!.status).toBe('cleared');
+    expect((await jobRow(claimed.job.id)).status).toBe('FAILED');
+  });
+
+  it.runIf(driver === 'postgres')('finalizes a claimed run while a receipt for it holds its task, job and runner, without a deadlock', async () => {
+    const person = await newPerson();
+    const web = project('web');
+    const old = await enroll(person, { projects: [web] });
+    const claimed = await localRun(person, old.receipt.runnerId, web.id, 'IN_PROGRESS');
+    expect((await person.browser.request('POST', `/api/v1/runners/${old.receipt.runnerId}/revoke`)).statusCode).toBe(200);
+
+    // A receipt sent just before the revocation: the task, the run, then the runner's work version.
+    const reconnected = await reconnectWhileLocked(
+      person,
+      old,
+      [
+        ['select id from tasks where id = $1 for update', [claimed.task.id]],
+        ['select id from jobs where id = $1 for update', [claimed.job.id]],
+      ],
+      [
+        ["update jobs set status = 'COMPLETED', runner_state = null, completed_at = now() where id = $1", [claimed.job.id]],
+        ['update runners set work_version = work_version + 1 where id = $1', [old.receipt.runnerId]],
+      ],
+    );
+    expect(reconnected.statusCode, reconnected.body).toBe(200);
+    // The receipt came first: nothing is left for the reconnect to finalize.
+    expect(reconnected.json().finalizedRuns).toEqual([]);
+    expect((await jobRow(claimed.job.id)).status).toBe('COMPLETED');
   });
 
   it('refuses a connection that is not revoked (409), a credential that is not its current one (401) and another user (403)', async () => {

@@ -6,7 +6,7 @@
 import { and, asc, eq, inArray, isNotNull, isNull, lt, notInArray, sql } from 'drizzle-orm';
 import { ProjectRepository } from '../protocol/runner.js';
 import { notify, type Db } from './db.js';
-import { jobs, runnerEnrollments, runnerPairings, runnerProjects, runners } from './schema.js';
+import { runnerEnrollments, runnerPairings, runnerProjects, runners } from './schema.js';
 
 export type RunnerRow = typeof runners.$inferSelect;
 
@@ -267,24 +267,4 @@ export async function revokeUserRunner(tx: Db, userId: string, id: string): Prom
     .where(and(eq(runners.id, id), eq(runners.userId, userId)))
     .returning({ id: runners.id });
   return rows.length > 0;
-}
-
-/** The ids of the runner's claimed runs (executing or syncing): jobs it holds IN_PROGRESS, oldest first. */
-export async function listClaimedRuns(tx: Db, runnerId: string): Promise<string[]> {
-  const rows = await tx
-    .select({ id: jobs.id })
-    .from(jobs)
-    .where(and(eq(jobs.runnerId, runnerId), eq(jobs.status, 'IN_PROGRESS')))
-    .orderBy(asc(jobs.seq));
-  return rows.map((row) => row.id);
-}
-
-/** Lets go of the runner's cancelled runs that waited for its receipt; answers their ids. */
-export async function releaseCancelledRuns(tx: Db, runnerId: string): Promise<string[]> {
-  const rows = await tx
-    .update(jobs)
-    .set({ runnerState: null, updatedAt: sql`now()` })
-    .where(and(eq(jobs.runnerId, runnerId), eq(jobs.status, 'CANCELLED'), isNotNull(jobs.runnerState)))
-    .returning({ id: jobs.id });
-  return rows.map((row) => row.id);
 }

@@ -1,6 +1,13 @@
 /**
  * Local runs (jobs assigned to a desktop runner), their controls, staged event parts, the requests they
  * put to their owner and the review requests put to them. The rules about them live in engine/runners.
+ *
+ * Lock order, for every transaction that takes more than one of these locks: a run's task, then the run
+ * (its job row), then the runner's row (`bumpWorkVersion`, a reconnect's rotation, and an insert that
+ * references the runner all take it). Several tasks are locked in order of id, all before any of their
+ * runs (lockHeldRuns). A run, and its own rows (controls, staged parts, its owner's requests), change
+ * only under its task's lock: no transaction can then hold one of a task's rows while another holds a
+ * second and waits for the first.
  */
 import { and, asc, desc, eq, gt, inArray, isNotNull, lt, or, sql, type SQL } from 'drizzle-orm';
 import { notify, type Db } from './db.js';
@@ -73,6 +80,30 @@ export async function lockRunnerRun(tx: Db, runnerId: string, runId: string): Pr
   const [task] = await tx.select().from(tasks).where(eq(tasks.id, owner.taskId)).for('update');
   const [job] = await tx.select().from(jobs).where(eq(jobs.id, runId)).for('update');
   return task && job ? { job, task } : null;
+}
+
+/**
+ * Locks the runs a runner holds — claimed (IN_PROGRESS), or cancelled under it before its receipt — for
+ * a reconnect, in the lock order above: their task ids are read without a lock, the tasks locked in order
+ * of id, then the runs. Answers the runs still held once locked, oldest first.
+ */
+export async function lockHeldRuns(tx: Db, runnerId: string): Promise<JobRow[]> {
+  const ofRunner = and(eq(jobs.runnerId, runnerId), or(eq(jobs.status, 'IN_PROGRESS'), held));
+  const owners = await tx.selectDistinct({ taskId: jobs.taskId }).from(jobs).where(ofRunner);
+  if (owners.length === 0) return [];
+  const taskIds = owners.map((owner) => owner.taskId);
+  await tx.select({ id: tasks.id }).from(tasks).where(inArray(tasks.id, taskIds)).orderBy(asc(tasks.id)).for('update');
+  return tx
+    .select()
+    .from(jobs)
+    .where(and(ofRunner, inArray(jobs.taskId, taskIds)))
+    .orderBy(asc(jobs.seq))
+    .for('update');
+}
+
+/** Lets go of a cancelled run its runner held, which a reconnect ends; the caller locked its task and run. */
+export async function releaseHeldRun(tx: Db, jobId: string): Promise<void> {
+  await tx.update(jobs).set({ runnerState: null, updatedAt: sql`now()` }).where(eq(jobs.id, jobId));
 }
 
 /** How many events each run's journal holds (its last sequence), for the runs given; absent ones hold none. */

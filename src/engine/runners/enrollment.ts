@@ -4,9 +4,10 @@
  * the verifier, reconnecting a revoked connection, heartbeats, the user's list of connections and their
  * revocation, and the check of a local task's target.
  *
- * Lock order, shared with the runs side: a task, then its job, then the runner row. A reconnect reads
- * the runner first without a lock and takes its row last, with a conditional UPDATE that re-checks
- * everything it read.
+ * Lock order (store/runs.ts): tasks, then their jobs, then the runner row. A reconnect reads the runner
+ * first without a lock, locks the tasks and runs it ends (lockHeldRuns), and takes the runner's row last,
+ * with a conditional UPDATE that re-checks everything it read; its shell grants after it, as a revocation
+ * takes them.
  */
 import { AppError, ConflictError, NotFoundError, ValidationError } from '../../domain/errors.js';
 import {
@@ -43,13 +44,11 @@ import {
   insertEnrollment,
   insertPairing,
   insertRunner,
-  listClaimedRuns,
   listRunnerProjects,
   listUserRunners,
   lockRunner,
   projectRepositories,
   recordHeartbeat,
-  releaseCancelledRuns,
   replaceRunnerProjects,
   revokeUserRunner,
   rotateRevokedRunner,
@@ -57,7 +56,7 @@ import {
   type RunnerRow,
   type RunnerWithPresence,
 } from '../../store/runners.js';
-import { clearPendingPermissions, dropEventPartsOfJob, lockRunnerRun } from '../../store/runs.js';
+import { clearPendingPermissions, dropEventPartsOfJob, lockHeldRuns, releaseHeldRun } from '../../store/runs.js';
 import { findMembership, findPersonalWorkspace } from '../../store/users.js';
 import { finishLockedJob } from '../jobs.js';
 
@@ -250,9 +249,7 @@ async function reconnect(
   }
   if ((await findRunnerByCredential(tx, context.credentialHash)) !== null) throw new ConflictError(CREDENTIAL_TAKEN);
 
-  const finalizedRuns = await finalizeClaimedRuns(tx, current.id);
-  // The revocation ended them already; grants a server before that rule issued end here.
-  await revokeRunnerSshGrants(tx, current.id);
+  const finalizedRuns = await finalizeHeldRuns(tx, current.id);
   const set: Parameters<typeof rotateRevokedRunner>[1]['set'] = { name: body.name.trim() };
   if (body.platform !== undefined) set.platform = body.platform;
   if (body.runnerVersion !== undefined) set.runnerVersion = body.runnerVersion;
@@ -260,6 +257,8 @@ async function reconnect(
   const runner = await rotateRevokedRunner(tx, { id: current.id, oldHash, newHash: context.credentialHash, set });
   // Someone else reconnected it (or it changed) since it was read: this attempt loses, and rolls back.
   if (!runner) throw new ConflictError('That runner connection changed while reconnecting; check it and try again');
+  // The revocation ended them already; grants a server before that rule issued end here.
+  await revokeRunnerSshGrants(tx, runner.id);
   if (body.projects !== undefined) await replaceRunnerProjects(tx, runner.id, body.projects);
   const receipt = receiptOf(runner, { reconnected: true, finalizedRuns });
   await storeReceipt(tx, runner.id, context.credentialHash, receipt);
@@ -272,20 +271,20 @@ async function reconnect(
  * Fails each run the runner holds IN_PROGRESS, once, as any failed job ends (its task moves on, log
  * followers are told), and lets go of the runs cancelled under the old connection, which waited for its
  * receipt. Nothing of these runs will answer a prompt or send a part any more: their pending permissions
- * and questions are cleared and their staged parts dropped.
+ * and questions are cleared and their staged parts dropped. Their tasks are locked first, as for any
+ * move of a run: an owner answering one of their prompts meanwhile waits, rather than deadlocks.
  */
-async function finalizeClaimedRuns(tx: Db, runnerId: string): Promise<string[]> {
+async function finalizeHeldRuns(tx: Db, runnerId: string): Promise<string[]> {
   const finalized: string[] = [];
-  for (const runId of await listClaimedRuns(tx, runnerId)) {
-    const locked = await lockRunnerRun(tx, runnerId, runId);
-    if (!locked || locked.job.status !== 'IN_PROGRESS') continue;
-    const job = await finishLockedJob(tx, locked.job, { status: 'FAILED', error: RECONNECT_STOPPED_RUN }, { runnerState: null });
-    finalized.push(job.id);
-  }
-  const ended = [...finalized, ...(await releaseCancelledRuns(tx, runnerId))];
-  for (const jobId of ended) {
-    await clearPendingPermissions(tx, jobId);
-    await dropEventPartsOfJob(tx, jobId);
+  for (const job of await lockHeldRuns(tx, runnerId)) {
+    if (job.status === 'IN_PROGRESS') {
+      await finishLockedJob(tx, job, { status: 'FAILED', error: RECONNECT_STOPPED_RUN }, { runnerState: null });
+      finalized.push(job.id);
+    } else {
+      await releaseHeldRun(tx, job.id);
+    }
+    await clearPendingPermissions(tx, job.id);
+    await dropEventPartsOfJob(tx, job.id);
   }
   return finalized;
 }
