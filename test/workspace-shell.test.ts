@@ -11,11 +11,11 @@ import { sql } from 'drizzle-orm';
 import { describe, expect, it } from 'vitest';
 import { AppError } from '../src/domain/errors.js';
 import { challengeOf, generateRunnerCredential } from '../src/domain/runners.js';
+import { hashSecret } from '../src/domain/secrets.js';
 import { ForkLifecycle } from '../src/engine/fork-lifecycle.js';
 import {
   CommandLanes,
   expireWorkspaceShells,
-  hashShellToken,
   SHELL_BUSY_RETRY_AFTER_SECONDS,
   SHELL_GRANTS_PER_RUN,
   SHELL_QUEUED_COMMANDS,
@@ -92,7 +92,7 @@ describe.each(testDrivers)('workspace shell on %s', (driver) => {
       sql`select token_hash, extract(epoch from expires_at - created_at) * 1000 as ttl_ms, expires_at from workspace_ssh_grants where workspace_id = ${workspace.id}`,
     );
     expect(stored).toHaveLength(1);
-    expect(stored[0]!.token_hash).toBe(hashShellToken(grant.ssh.token));
+    expect(stored[0]!.token_hash).toBe(hashSecret(grant.ssh.token));
     expect(Number(stored[0]!.ttl_ms)).toBe(RUNNER_LIMITS.sshAccessTtlMs);
     expect(new Date(stored[0]!.expires_at).toISOString()).toBe(grant.expiresAt);
 
@@ -144,7 +144,7 @@ describe.each(testDrivers)('workspace shell on %s', (driver) => {
     expect((await api.app.inject({ method: 'GET', url: '/api/v1/runners/runs', headers: { authorization: `Bearer ${first.ssh.token}` } })).statusCode).toBe(401);
 
     // The first grant ended a while ago (longer than a command may run); the second is live.
-    const idOf = async (token: string) => (await rows<{ id: string }>(sql`select id from workspace_ssh_grants where token_hash = ${hashShellToken(token)}`))[0]!.id;
+    const idOf = async (token: string) => (await rows<{ id: string }>(sql`select id from workspace_ssh_grants where token_hash = ${hashSecret(token)}`))[0]!.id;
     const ended = await idOf(first.ssh.token);
     const live = await idOf(second.ssh.token);
     await api.db.database.db.execute(
@@ -207,7 +207,7 @@ describe.each(testDrivers)('workspace shell on %s', (driver) => {
     const workspace = await sharedWorkspace(run, ['acme/web']);
     const { token } = (await ask(run)).json().ssh as { token: string };
     expect((await shell(token, { command: 'echo before' })).json().stdout).toBe('before\n');
-    const grantId = (await rows<{ id: string }>(sql`select id from workspace_ssh_grants where token_hash = ${hashShellToken(token)}`))[0]!.id;
+    const grantId = (await rows<{ id: string }>(sql`select id from workspace_ssh_grants where token_hash = ${hashSecret(token)}`))[0]!.id;
 
     expect((await run.owner.request('POST', `/api/v1/runners/${run.runner.id}/revoke`)).statusCode).toBe(200);
     const refused = await shell(token, { command: 'echo after' });
@@ -223,7 +223,7 @@ describe.each(testDrivers)('workspace shell on %s', (driver) => {
 
     // A grant a server before this rule left unrevoked still works nowhere while its connection is revoked...
     await api.db.database.db.execute(sql`update workspace_ssh_grants set revoked_at = null where id = ${grantId}`);
-    expect(await findActiveSshGrant(api.db.database.db, hashShellToken(token))).toBeNull();
+    expect(await findActiveSshGrant(api.db.database.db, hashSecret(token))).toBeNull();
     expect((await shell(token, { command: 'echo after' })).statusCode).toBe(401);
     // ...and reconnecting the connection ends it rather than bringing it back.
     const verifier = randomBytes(32).toString('base64url');
@@ -265,7 +265,7 @@ describe.each(testDrivers)('workspace shell on %s', (driver) => {
     expect(refused.json()).toEqual({ ok: false, message: expect.stringContaining(`already holds ${SHELL_GRANTS_PER_RUN} workspace shell grants`) });
     expect(await rows(sql`select id from workspace_ssh_grants where job_id = ${run.runId}`)).toHaveLength(SHELL_GRANTS_PER_RUN);
 
-    await api.db.database.db.execute(sql`update workspace_ssh_grants set expires_at = now() - interval '1 second' where token_hash = ${hashShellToken(tokens[0]!)}`);
+    await api.db.database.db.execute(sql`update workspace_ssh_grants set expires_at = now() - interval '1 second' where token_hash = ${hashSecret(tokens[0]!)}`);
     expect((await ask(run)).json().ok).toBe(true);
   });
 

@@ -12,8 +12,6 @@
  *     "devServers": [{ "name": "web", "command": "npm run dev -- --port $PORT", "healthPath": "/" }] }] }
  * ```
  */
-import { existsSync } from 'node:fs';
-import { mkdir, readFile, rename, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
 
@@ -94,15 +92,3 @@ export function parseEnvironmentConfig(text: string | null): EnvironmentConfig {
   return parsed.data;
 }
 
-export async function readEnvironmentConfig(environment: string): Promise<EnvironmentConfig> {
-  const path = join(environment, CONFIG_FILE);
-  return parseEnvironmentConfig(existsSync(path) ? await readFile(path, 'utf8') : null);
-}
-
-/** Writes the config atomically (a reader never sees half a file). */
-export async function writeEnvironmentConfig(environment: string, config: EnvironmentConfig): Promise<void> {
-  await mkdir(join(environment, CONFIG_DIR), { recursive: true });
-  const path = join(environment, CONFIG_FILE);
-  await writeFile(`${path}.tmp`, `${JSON.stringify(config, null, 2)}\n`);
-  await rename(`${path}.tmp`, path);
-}

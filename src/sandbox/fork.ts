@@ -631,7 +631,7 @@ async function copyEnvironment(source: string, target: string): Promise<void> {
     const from = join(source, entry.name);
     const to = join(target, entry.name);
     if (entry.isDirectory() && existsSync(join(from, '.git'))) {
-      const clone = spawnSync('git', ['clone', '--quiet', '--local', '--shared', from, to], { encoding: 'utf8' });
+      const clone = spawnSync('git', ['clone', '--quiet', '--local', '--shared', '--', from, to], { encoding: 'utf8' });
       if (clone.status !== 0) throw new Error(`git clone of ${from} failed: ${clone.stderr.trim()}`);
       // Uncommitted work and untracked files (installed dependencies) come along as well.
       const gitDir = join(from, '.git');

@@ -1,9 +1,10 @@
 /**
  * Authentication and the per-key sliding-window rate limit in one round trip, and the same limit for
- * other subjects: signed-in users (per user) and failed sign-ins (per email).
+ * other subjects: signed-in users (per user) and runner connections. (Failed sign-ins are throttled
+ * apart, in sign_in_throttles: store/users.ts.)
  *
- * Requests are counted per subject (an API key, a user, an email's sign-in attempts) in one-second buckets in the database, so every server process on one
- * PostgreSQL shares the limit. A window of N seconds counts the buckets of the last N+1 seconds (the
+ * Requests are counted per subject (an API key, a user, a runner) in one-second buckets in the database,
+ * so every server process on one PostgreSQL shares the limit. A window of N seconds counts the buckets of the last N+1 seconds (the
  * current second included), which errs on the side of refusing: no N-second span ever holds more than
  * the limit. Refused requests are not counted.
  *
@@ -184,46 +185,6 @@ export async function authenticateRunnerAndCount(db: Db, credentialHash: string,
   };
   if (row.bumped !== null && row.bumped !== undefined) return { kind: 'allowed', runner };
   return { kind: 'limited', runner, ...(await refusal(db, row.id, Number(row.now_s), limits)) };
-}
-
-/** At most `limit` attempts in any `windowSeconds` (sign-in attempts per email). */
-export interface AttemptLimit {
-  windowSeconds: number;
-  limit: number;
-}
-
-const attemptStatements = new Map<number, string>();
-
-/**
- * Counts one attempt of `subject` if it fits, before the attempt is made: concurrent attempts cannot
- * slip past the limit while they are being checked. Refused attempts are not counted.
- */
-export async function countAttempt(
-  db: Db,
-  subject: string,
-  attempts: AttemptLimit,
-): Promise<{ kind: 'allowed' } | { kind: 'limited'; retryAfterSeconds: number }> {
-  const span = attempts.windowSeconds;
-  if (!Number.isInteger(span) || span < 1 || span > HOUR) throw new Error(`an attempt window must be 1 to ${HOUR} whole seconds`);
-  let text = attemptStatements.get(span);
-  if (text === undefined) {
-    text = countSubject(span, span);
-    attemptStatements.set(span, text);
-  }
-  const [row] = await preparedRows<{ bumped: number | null; now_s: string }>(db, `svc_count_attempt_${span}`, text, [
-    subject,
-    attempts.limit,
-    attempts.limit,
-  ]);
-  if (!row) throw new Error('the count statement returned no row');
-  if (row.bumped !== null && row.bumped !== undefined) return { kind: 'allowed' };
-  const { retryAfterSeconds } = await refusalIn(db, subject, Number(row.now_s), [{ window: 'minute', span, limit: attempts.limit }]);
-  return { kind: 'limited', retryAfterSeconds };
-}
-
-/** Forgets the counted attempts of `subject` (a successful sign-in clears its email's failures). */
-export async function clearAttempts(db: Db, subject: string): Promise<void> {
-  await db.delete(rateLimitBuckets).where(and(eq(rateLimitBuckets.keyId, subject), gt(rateLimitBuckets.second, TALLY_SECOND)));
 }
 
 type Window = { window: 'minute' | 'hour'; span: number; limit: number };

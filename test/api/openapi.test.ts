@@ -21,9 +21,9 @@ import {
   type Json,
 } from '../../scripts/openapi.js';
 import { challengeOf } from '../../src/domain/runners.js';
+import { hashSecret } from '../../src/domain/secrets.js';
 import { createPairing, enroll } from '../../src/engine/runners/enrollment.js';
 import { findOrCreateAccount } from '../../src/engine/users.js';
-import { hashShellToken } from '../../src/engine/runners/workspace-shell.js';
 import { FILE_LIMITS } from '../../src/protocol/rest.js';
 import { SSH_TOKEN_PREFIX } from '../../src/protocol/runner.js';
 import { workspaceSshGrants } from '../../src/store/schema.js';
@@ -97,7 +97,7 @@ async function shellTokenOf(api: TestApi, workspaceId: string): Promise<string> 
   const { userId, runnerId } = await enrolledRunnerOf(api);
   await addMembership(db, { workspaceId, userId, role: 'member' });
   const token = `${SSH_TOKEN_PREFIX}${randomBytes(32).toString('base64url')}`;
-  await db.insert(workspaceSshGrants).values({ tokenHash: hashShellToken(token), userId, workspaceId, runnerId, expiresAt: new Date(Date.now() + 60 * 60_000) });
+  await db.insert(workspaceSshGrants).values({ tokenHash: hashSecret(token), userId, workspaceId, runnerId, expiresAt: new Date(Date.now() + 60 * 60_000) });
   return token;
 }
 

@@ -14,10 +14,11 @@
  * its fork on disk), and a grant runs one command at a time with at most SHELL_QUEUED_COMMANDS waiting
  * behind it; more are refused (429) instead of being held, bodies and all, for as long as those run.
  */
-import { createHash, randomBytes } from 'node:crypto';
+import { randomBytes } from 'node:crypto';
 import { existsSync, readdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { AppError } from '../../domain/errors.js';
+import { hashSecret } from '../../domain/secrets.js';
 import { isUuid } from '../../domain/slugs.js';
 import {
   RUNNER_LIMITS,
@@ -58,8 +59,6 @@ export const SHELL_QUEUED_COMMANDS = 3;
  * ends (it may run 600 s): a few seconds lets a client that waits for its own commands' answers go on.
  */
 export const SHELL_BUSY_RETRY_AFTER_SECONDS = 5;
-
-export const hashShellToken = (token: string): string => createHash('sha256').update(token).digest('hex');
 
 /** Where the grants' forks live: beside the task forks of each host, as a "host" of their own. */
 export const shellForksRoot = (dataDir: string): string => join(dataDir, 'forks', 'ssh');
@@ -105,7 +104,7 @@ export async function requestWorkspaceSsh(
     const active = await countActiveSshGrants(tx, job.id);
     if (active.count >= SHELL_GRANTS_PER_RUN) return { kind: 'refused' as const, firstExpiry: active.firstExpiry };
     const grant = await insertSshGrant(tx, {
-      tokenHash: hashShellToken(token),
+      tokenHash: hashSecret(token),
       userId: runner.userId,
       workspaceId: destination.workspace.id,
       runnerId: runner.id,
@@ -134,7 +133,7 @@ export async function requestWorkspaceSsh(
 /** The live grant a presented token stands for; null for anything else (malformed, unknown, expired, revoked). */
 export async function authenticateShellToken(db: Db, token: string): Promise<SshGrantRow | null> {
   if (!TOKEN.test(token)) return null;
-  return findActiveSshGrant(db, hashShellToken(token));
+  return findActiveSshGrant(db, hashSecret(token));
 }
 
 /**
