@@ -37,4 +37,13 @@ describe('loadConfig', () => {
     expect(() => loadConfig({ port: 70000 }, {})).toThrow(ConfigError);
     expect(() => loadConfig({}, { SVC_DEFAULT_AGENT: 'anthropic' })).toThrow(/defaultAgent \(--default-agent or SVC_DEFAULT_AGENT\)/);
   });
+
+  it('reads SVC_TRUST_PROXY as none, any, a hop count or addresses, and refuses anything else', () => {
+    expect(loadConfig({}, {}).trustProxy).toBe(false);
+    expect(loadConfig({}, { SVC_TRUST_PROXY: 'true' }).trustProxy).toBe(true);
+    expect(loadConfig({}, { SVC_TRUST_PROXY: '2' }).trustProxy).toBe(2);
+    expect(loadConfig({}, { SVC_TRUST_PROXY: '10.0.0.0/8, 192.168.1.4,::1' }).trustProxy).toEqual(['10.0.0.0/8', '192.168.1.4', '::1']);
+    expect(() => loadConfig({}, { SVC_TRUST_PROXY: 'loopback; rm' })).toThrow(/trustProxy \(--trust-proxy or SVC_TRUST_PROXY\) must be true, false/);
+  });
 });
+

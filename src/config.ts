@@ -71,6 +71,30 @@ export const ConfigSchema = z.object({
     .default('')
     .transform((value) => value.split(',').map((part) => part.trim()).filter(Boolean))
     .refine((paths) => paths.every((path) => path.startsWith('/')), 'must be absolute paths separated by commas'),
+  /**
+   * SVC_TRUST_PROXY: which proxies in front of the service may say who the client is (X-Forwarded-For,
+   * -Proto, -Host). Empty (the default): none, the client is the TCP peer. `true`: any (only when nothing
+   * but the proxy can reach the port); a number: that many proxy hops; otherwise addresses or CIDR ranges,
+   * comma-separated. Sign-in throttling per network and the request logs use the client's address: behind
+   * a load balancer without this, every client is the balancer.
+   */
+  trustProxy: z
+    .string()
+    .default('')
+    .transform((value, context): boolean | number | string[] => {
+      const text = value.trim();
+      if (text === '' || text === 'false') return false;
+      if (text === 'true') return true;
+      if (/^\d+$/.test(text)) return Number(text);
+      const entries = text.split(',').map((part) => part.trim()).filter(Boolean);
+      const address = /^(?:[0-9.]+|[0-9a-fA-F:.]+)(?:\/\d{1,3})?$/;
+      const bad = entries.find((entry) => !address.test(entry) || !entry.replace(/\/.*/, '').match(/[.:]/));
+      if (bad !== undefined) {
+        context.addIssue({ code: 'custom', message: `must be true, false, a hop count or IP addresses/CIDR ranges (not ${JSON.stringify(bad)})` });
+        return z.NEVER;
+      }
+      return entries;
+    }),
   /** SVC_SHUTDOWN_TIMEOUT_MS: how long SIGTERM waits for requests in flight. */
   shutdownTimeoutMs: z.coerce.number().int().min(0).default(10_000),
 });
@@ -91,6 +115,7 @@ const ENV: Record<ConfigKey, string> = {
   runnerRateLimitPerHour: 'SVC_RUNNER_RATE_LIMIT_PER_HOUR',
   dbPoolSize: 'SVC_DB_POOL_SIZE',
   shutdownTimeoutMs: 'SVC_SHUTDOWN_TIMEOUT_MS',
+  trustProxy: 'SVC_TRUST_PROXY',
   repoPaths: 'SVC_REPO_PATHS',
   executorConcurrency: 'SVC_EXECUTOR_CONCURRENCY',
   jobLeaseMs: 'SVC_JOB_LEASE_MS',

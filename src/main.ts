@@ -186,6 +186,7 @@ export async function startService(config: Config, logger: Logger = pino({ level
       rateLimits: { perMinute: config.rateLimitPerMinute, perHour: config.rateLimitPerHour },
       logger,
       sandboxPolicy: sandboxPolicyOf(config),
+      trustProxy: config.trustProxy,
     });
     await app.listen({ port: config.port, host: config.host });
     const address = app.server.address();

@@ -12,6 +12,7 @@ export function registerServer(program: Command): void {
       .option('--port <port>', 'port to listen on (SVC_PORT, default 8080)')
       .option('--host <host>', 'address to listen on (SVC_HOST, default 127.0.0.1)')
       .option('--public-url <url>', 'address people reach the service at (SVC_PUBLIC_URL)')
+      .option('--trust-proxy <proxies>', 'proxies whose X-Forwarded-For names the client: true, a hop count, or addresses/CIDRs (SVC_TRUST_PROXY)')
       .option('--log-level <level>', 'fatal, error, warn, info, debug, trace or silent (SVC_LOG_LEVEL)'),
   ).action(async (options: Record<string, unknown>) => {
     const config = configFrom(options);

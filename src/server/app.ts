@@ -59,6 +59,8 @@ export interface ServerOptions {
   logger?: FastifyBaseLogger;
   /** What sandboxed processes may see and use (workspace shells); the data dir hidden, nothing unsandboxed, when absent. */
   sandboxPolicy?: SandboxPolicy;
+  /** Proxies whose X-Forwarded-* headers name the client (SVC_TRUST_PROXY); none when absent. */
+  trustProxy?: boolean | number | string[];
 }
 
 const REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/;
@@ -284,11 +286,17 @@ function finishDocument<T>(document: T): T {
   return document;
 }
 
+function trustHops(hops: number): (address: string, hop: number) => boolean {
+  return (_address, hop) => hop < hops;
+}
+
 export async function buildServer(options: ServerOptions): Promise<FastifyInstance> {
   const app = Fastify({
     ...(options.logger ? { loggerInstance: options.logger.child({}, { serializers: { req: requestForLog } }) } : { logger: false }),
     // genReqId reads X-Request-Id itself so that only a well-formed one is trusted.
     requestIdHeader: false,
+    // A hop count becomes the function proxy-addr would make of it (Fastify's types take no number).
+    trustProxy: typeof options.trustProxy === 'number' ? trustHops(options.trustProxy) : (options.trustProxy ?? false),
     logController: new LogController({
       requestIdLogLabel: 'requestId',
       disableRequestLogging: (request) => request.url === '/healthz' || request.url === '/readyz',

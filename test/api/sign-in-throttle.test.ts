@@ -9,7 +9,7 @@ import { hashPassword } from '../../src/domain/passwords.js';
 import { emailSubject, EMAIL_THROTTLE, findOrCreateAccount, NETWORK_THROTTLE, networkOf, networkSubject } from '../../src/engine/users.js';
 import { queryRows } from '../../src/store/db.js';
 import { setPasswordHash } from '../../src/store/users.js';
-import { DEFAULT_AGENT, useTestApi, type TestApi } from '../support/api.js';
+import { DEFAULT_AGENT, startTestApi, useTestApi, type TestApi } from '../support/api.js';
 import { testDrivers } from '../support/db.js';
 
 const PASSWORD = 'correct horse battery staple';
@@ -120,5 +120,40 @@ describe.each(testDrivers)('the sign-in throttles on %s', (driver) => {
     expect(await failuresOf(empty)).toBeNull();
     expect(await failuresOf(recent)).toBe(5);
     expect(await failuresOf(networkSubject('192.0.2.4'))).toBe(1);
+  });
+});
+
+describe.each(testDrivers)('the client a sign-in comes from on %s', (driver) => {
+  it('is the TCP peer unless SVC_TRUST_PROXY names it a proxy, then the address it forwards for', async () => {
+    const proxy = '10.9.8.7';
+    const forwardedFor = `203.0.113.${randomBytes(1)[0]! % 200}`;
+    const attempt = (api: TestApi) =>
+      api.app.inject({
+        method: 'POST',
+        url: '/api/v1/auth/sign-in',
+        payload: { email: `nobody-${randomBytes(4).toString('hex')}@example.com`, password: WRONG },
+        remoteAddress: proxy,
+        headers: { 'x-forwarded-for': forwardedFor },
+      });
+    const failuresOf = async (api: TestApi, ip: string) =>
+      (await queryRows<{ failures: number }>(api.db.database.db, sql`select failures from sign_in_throttles where subject = ${networkSubject(ip)}`)).map((row) => Number(row.failures));
+
+    const direct = await startTestApi(driver);
+    try {
+      expect((await attempt(direct)).statusCode).toBe(401);
+      // Without the setting a forwarded address is the client's say-so: the proxy's address is counted.
+      expect(await failuresOf(direct, proxy)).toEqual([1]);
+      expect(await failuresOf(direct, forwardedFor)).toEqual([]);
+    } finally {
+      await direct.close();
+    }
+    const behind = await startTestApi(driver, { trustProxy: [proxy] });
+    try {
+      expect((await attempt(behind)).statusCode).toBe(401);
+      expect(await failuresOf(behind, forwardedFor)).toEqual([1]);
+      expect(await failuresOf(behind, proxy)).toEqual([]);
+    } finally {
+      await behind.close();
+    }
   });
 });

@@ -9,7 +9,7 @@ import { afterAll, beforeAll } from 'vitest';
 import type { Socket } from 'node:net';
 import pino from 'pino';
 import { Environments } from '../../src/engine/environments.js';
-import { buildServer } from '../../src/server/app.js';
+import { buildServer, type ServerOptions } from '../../src/server/app.js';
 import { createApiKey } from '../../src/store/api-keys.js';
 import { createWorkspace, type Workspace } from '../../src/store/workspaces.js';
 import type { RateLimits } from '../../src/store/rate-limit.js';
@@ -37,10 +37,13 @@ export interface TestApi {
   close(): Promise<void>;
 }
 
-export async function startTestApi(
-  driver: TestDriver,
-  options: { rateLimits?: RateLimits; repoPaths?: string[] } = {},
-): Promise<TestApi> {
+export interface TestApiOptions {
+  rateLimits?: RateLimits;
+  repoPaths?: string[];
+  trustProxy?: ServerOptions['trustProxy'];
+}
+
+export async function startTestApi(driver: TestDriver, options: TestApiOptions = {}): Promise<TestApi> {
   const db = await openTestDatabase(driver);
   const dataDir = mkdtempSync(join(tmpdir(), 'svc-test-data-'));
   const environments = new Environments({ db: db.database.db, dataDir, policy: { hiddenPaths: [dataDir], allowUnsandboxed: false }, logger: pino({ level: process.env.SVC_TEST_LOG ?? 'silent' }) });
@@ -50,6 +53,7 @@ export async function startTestApi(
     dataDir,
     environments,
     ...(options.repoPaths ? { repoPaths: options.repoPaths } : {}),
+    ...(options.trustProxy !== undefined ? { trustProxy: options.trustProxy } : {}),
     // Generous by default so that suites are not throttled; rate-limit tests set their own.
     rateLimits: options.rateLimits ?? { perMinute: 100_000, perHour: 1_000_000 },
   });
@@ -110,7 +114,7 @@ export async function startTestApi(
 export function useTestApi(
   driver: TestDriver,
   ready: (context: { api: TestApi; tenant: Tenant }) => void,
-  options: { rateLimits?: RateLimits; repoPaths?: string[] } = {},
+  options: TestApiOptions = {},
 ): void {
   let api: TestApi | undefined;
   beforeAll(async () => {
