@@ -8,7 +8,8 @@ import { createHash } from 'node:crypto';
 import { eq, sql } from 'drizzle-orm';
 import pg from 'pg';
 import { describe, expect, it } from 'vitest';
-import { listRuns } from '../src/engine/runners/runs.js';
+import { ConflictError } from '../src/domain/errors.js';
+import { claimRun as claimEngineRun, listRuns } from '../src/engine/runners/runs.js';
 import { RUNNER_LIMITS } from '../src/protocol/runner.js';
 import { findRunner } from '../src/store/runners.js';
 import { eventParts } from '../src/store/schema.js';
@@ -316,6 +317,42 @@ describe.each(testDrivers)('runner events on %s', (driver) => {
     // The receipt makes room.
     await runner.request('POST', `/api/v1/runners/runs/${cancelled.id}/complete`, { generation: cancelled.generation, lastSequence: 0, processStopped: true, outcome: { status: 'cancelled' } });
     await claim(runner, job.id);
+  });
+
+  it.runIf(driver === 'postgres')('counts held runs under the runner row: of two claims racing for the last place, one is refused', async () => {
+    const { owner, runner } = await setup();
+    for (let index = 0; index < RUNNER_LIMITS.listedRuns - 1; index++) await claim(runner, (await localTask(owner, runner)).job.id);
+    const racing = [(await localTask(owner, runner)).job.id, (await localTask(owner, runner)).job.id];
+    // Another transaction holds the runner row, so both claims are inside their transactions at once.
+    const holder = new pg.Client({ connectionString: postgresUrl(), options: `-c search_path=${api.db.schema}` });
+    const observer = new pg.Client({ connectionString: postgresUrl() });
+    await holder.connect();
+    await observer.connect();
+    try {
+      await holder.query('begin');
+      await holder.query('select id from runners where id = $1 for update', [runner.id]);
+      const [{ pid }] = (await holder.query<{ pid: number }>('select pg_backend_pid() as pid')).rows as [{ pid: number }];
+      const settled = new Set<number>();
+      const row = (await findRunner(api.db.database.db, runner.id))!;
+      // The engine's claim itself (a request would first wait for the row in its authentication).
+      const claims = racing.map((id, index) =>
+        claimEngineRun(api.db.database.db, row, id).then(
+          () => 'claimed',
+          (error: unknown) => (error instanceof ConflictError ? 'refused' : Promise.reject(error)),
+        ).finally(() => settled.add(index)),
+      );
+      // Each claim either waits for the runner row or (without its lock) has already answered.
+      for (let i = 0; i < 400; i++) {
+        const { rows } = await observer.query<{ n: number }>('select count(*)::int as n from pg_stat_activity where $1 = any(pg_blocking_pids(pid))', [pid]);
+        if (rows[0]!.n + settled.size >= racing.length) break;
+        await new Promise((resolve) => setTimeout(resolve, 25));
+      }
+      await holder.query('commit');
+      expect((await Promise.all(claims)).sort()).toEqual(['claimed', 'refused']);
+    } finally {
+      await holder.end();
+      await observer.end();
+    }
   });
 
   it('lists runs in as many queries for many runs as for one', async () => {

@@ -13,7 +13,7 @@ import { taskStatesInto } from '../../domain/states.js';
 import type { JobStatus, JobType, TaskMode } from '../../protocol/rest.js';
 import { RUNNER_LIMITS, type CompleteBody, type Control, type RunManifest, type RunStatusResponse, type WakeResponse } from '../../protocol/runner.js';
 import type { Db } from '../../store/db.js';
-import { bumpWorkVersion, touchRunner, type RunnerRow } from '../../store/runners.js';
+import { bumpWorkVersion, lockRunner, touchRunner, type RunnerRow } from '../../store/runners.js';
 import {
   clearPendingPermissions,
   controlsAfter,
@@ -114,7 +114,10 @@ export async function claimRun(db: Db, runner: RunnerRow, runId: string): Promis
     const { job, task } = locked;
     if (job.status === 'PENDING') {
       if (await taskHasEarlierWork(tx, job)) throw new ConflictError('an earlier run of this task has not finished yet');
-      // Held runs are always listed (GET /runs): their number is bounded here, so that the list is.
+      // Held runs are always listed (GET /runs): their number is bounded here, so that the list is. Counted
+      // under the runner's row (after the task and job: the lock order of store/runs.ts), so that two claims
+      // of other tasks cannot both take the last place.
+      await lockRunner(tx, runner.id);
       if ((await countHeldRuns(tx, runner.id)) >= RUNNER_LIMITS.listedRuns) {
         throw new ConflictError(`this runner holds ${RUNNER_LIMITS.listedRuns} runs already: send a receipt before claiming another`);
       }
