@@ -43,7 +43,10 @@ describe('loadConfig', () => {
     expect(loadConfig({}, { SVC_TRUST_PROXY: 'true' }).trustProxy).toBe(true);
     expect(loadConfig({}, { SVC_TRUST_PROXY: '2' }).trustProxy).toBe(2);
     expect(loadConfig({}, { SVC_TRUST_PROXY: '10.0.0.0/8, 192.168.1.4,::1' }).trustProxy).toEqual(['10.0.0.0/8', '192.168.1.4', '::1']);
-    expect(() => loadConfig({}, { SVC_TRUST_PROXY: 'loopback; rm' })).toThrow(/trustProxy \(--trust-proxy or SVC_TRUST_PROXY\) must be true, false/);
+    expect(loadConfig({}, { SVC_TRUST_PROXY: 'fd00::/64,10.1.2.3/32' }).trustProxy).toEqual(['fd00::/64', '10.1.2.3/32']);
+    for (const bad of ['loopback; rm', '999.1.1.1', '1.2.3.4/33', '::1/129', '10.0.0.0/8/8', '1.2.3', '10.0.0.0/']) {
+      expect(() => loadConfig({}, { SVC_TRUST_PROXY: bad }), bad).toThrow(/trustProxy \(--trust-proxy or SVC_TRUST_PROXY\) must be true, false/);
+    }
   });
 });
 

@@ -2,11 +2,21 @@
  * Configuration: one zod schema, read once at start. Precedence: command-line flag > environment
  * variable > default. Every variable is listed here with what it does; docs/operations.md repeats them.
  */
+import { isIP } from 'node:net';
 import { resolve } from 'node:path';
 import { z } from 'zod';
 import { parseAgentId } from './domain/agents.js';
 
 const LogLevel = z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']);
+
+/** An IPv4 or IPv6 address, optionally with a prefix length that fits it (`10.0.0.0/8`, `fd00::/64`). */
+function isAddressOrRange(entry: string): boolean {
+  const [address = '', prefix, ...rest] = entry.split('/');
+  const version = isIP(address);
+  if (version === 0 || rest.length > 0) return false;
+  if (prefix === undefined) return true;
+  return /^\d{1,3}$/.test(prefix) && Number(prefix) <= (version === 4 ? 32 : 128);
+}
 
 export const ConfigSchema = z.object({
   /** SVC_PORT: the HTTP port (0 picks a free one). */
@@ -49,6 +59,15 @@ export const ConfigSchema = z.object({
     .enum(['true', 'false', '1', '0'])
     .default('false')
     .transform((value) => value === 'true' || value === '1'),
+  /**
+   * SVC_ALLOW_HOST_NETWORK: where slirp4netns is missing, let sandboxed commands with network access share
+   * the host's network (and so reach whatever listens on its loopback, this service's database included)
+   * instead of failing. Not recommended.
+   */
+  allowHostNetwork: z
+    .enum(['true', 'false', '1', '0'])
+    .default('false')
+    .transform((value) => value === 'true' || value === '1'),
   /** SVC_SANDBOX_MEMORY_MIB: address space of each sandboxed process (ulimit -v); 0: unlimited. */
   sandboxMemoryMib: z.coerce.number().int().min(0).default(4096),
   /** SVC_SANDBOX_CPU_SECONDS: CPU time of each sandboxed process (ulimit -t); 0: unlimited. */
@@ -87,8 +106,7 @@ export const ConfigSchema = z.object({
       if (text === 'true') return true;
       if (/^\d+$/.test(text)) return Number(text);
       const entries = text.split(',').map((part) => part.trim()).filter(Boolean);
-      const address = /^(?:[0-9.]+|[0-9a-fA-F:.]+)(?:\/\d{1,3})?$/;
-      const bad = entries.find((entry) => !address.test(entry) || !entry.replace(/\/.*/, '').match(/[.:]/));
+      const bad = entries.find((entry) => !isAddressOrRange(entry));
       if (bad !== undefined) {
         context.addIssue({ code: 'custom', message: `must be true, false, a hop count or IP addresses/CIDR ranges (not ${JSON.stringify(bad)})` });
         return z.NEVER;
@@ -120,6 +138,7 @@ const ENV: Record<ConfigKey, string> = {
   executorConcurrency: 'SVC_EXECUTOR_CONCURRENCY',
   jobLeaseMs: 'SVC_JOB_LEASE_MS',
   allowUnsandboxed: 'SVC_ALLOW_UNSANDBOXED',
+  allowHostNetwork: 'SVC_ALLOW_HOST_NETWORK',
   sandboxMemoryMib: 'SVC_SANDBOX_MEMORY_MIB',
   sandboxCpuSeconds: 'SVC_SANDBOX_CPU_SECONDS',
   forkIdleStopMs: 'SVC_FORK_IDLE_STOP_MS',
