@@ -190,7 +190,7 @@ export function registerAdmin(program: Command): void {
       .requiredOption('--workspace <name>', 'workspace the user joins')
       .option('--name <name>', 'display name (for a new account)')
       .option('--role <role>', 'owner, admin or member', 'member')
-      .option('--confirm', 'confirm that an existing account made by another workspace belongs to this person (any workspace may then add it)')
+      .option('--confirm', 'confirm that an existing account made by another workspace belongs to this person (any workspace may then add it; its password, sessions and older links end)')
       .option('--public-url <url>', 'address people reach the service at, for the link (SVC_PUBLIC_URL)'),
   ).action(async (options: { email: string; workspace: string; name?: string; role: string; confirm?: boolean } & Record<string, unknown>) => {
     const { email, workspace: name, name: displayName, role, confirm, ...rest } = options;

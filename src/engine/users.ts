@@ -55,7 +55,7 @@ export const SIGN_IN_LINK_TTL_MS = 24 * 60 * 60_000;
 const MINUTE = 60;
 const HOUR = 60 * MINUTE;
 /**
- * Failed sign-ins (and wrong current passwords) per email: 10 are free, the tenth locks the address for
+ * Failed sign-ins (and wrong current passwords) per email: 9 are free, the tenth locks the address for
  * 15 minutes, each failure after a lock doubles it (up to a day); a day after the last lock they are
  * forgotten, and the right password forgets them at once.
  */
@@ -346,11 +346,26 @@ export interface JoinedWorkspace {
 }
 
 /**
+ * An operator confirms an account a workspace made, in the caller's transaction: until now it was
+ * whoever held it (the admin of the workspace that made it could have opened its link, kept the session
+ * and set a password). Its password goes, its links end and every session is revoked, so that the link
+ * the operator hands out next is the only way in. Links end before sessions are revoked: a link being
+ * redeemed meanwhile either waits for this transaction and then finds itself expired, or has committed its
+ * session before the revocation reads them.
+ */
+async function takeBackAccount(tx: Db, userId: string): Promise<UserRow> {
+  const user = await confirmUser(tx, userId);
+  await expireSignInLinks(tx, userId);
+  await revokeOtherSessions(tx, userId, null);
+  return user;
+}
+
+/**
  * Puts the account for `email` (made when new) into `workspace`, in the caller's transaction. An
  * existing account joins only a workspace that may vouch for it: it was confirmed by an operator or made
  * by this workspace. Otherwise whoever holds it (the admin of the workspace that made it, say) would get
  * into this workspace under someone else's address: 409, unless an operator confirms it here
- * (`confirm`).
+ * (`confirm`), which takes the account back from whoever held it (takeBackAccount).
  */
 export async function joinWorkspace(
   tx: Db,
@@ -372,7 +387,7 @@ export async function joinWorkspace(
         `the account of ${user.email} was made by another workspace and no operator has confirmed it; check that it belongs to that person, then add --confirm`,
       );
     }
-    user = await confirmUser(tx, user.id);
+    user = await takeBackAccount(tx, user.id);
   }
   const membershipAdded = await addMembership(tx, { workspaceId: workspace.id, userId: user.id, role: input.role });
   return { user, created: account.created, membershipAdded };

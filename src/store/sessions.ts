@@ -2,7 +2,7 @@
  * Sessions of signed-in users, one-time sign-in links (tokens arrive here hashed; neither is stored) and
  * the throttle of failed password sign-ins.
  */
-import { and, eq, isNull, ne, sql } from 'drizzle-orm';
+import { and, eq, isNull, lt, ne, sql } from 'drizzle-orm';
 import { preparedRows, queryRows, type Db } from './db.js';
 import { sessions, signInLinks, signInThrottles } from './schema.js';
 import type { Role } from './users.js';
@@ -178,8 +178,8 @@ export async function inspectSignInLink(db: Db, tokenHash: string): Promise<Link
 }
 
 /**
- * How failed sign-ins of one subject (an email, a network) are throttled: the first `limit` failures are
- * free; the one that reaches it locks the subject for `lockSeconds`, and each failure after a lock
+ * How failed sign-ins of one subject (an email, a network) are throttled: the first `limit - 1` failures
+ * are free; the one that reaches `limit` locks the subject for `lockSeconds`, and each failure after a lock
  * doubles it, up to `maxLockSeconds`. Failures are forgotten `forgetSeconds` after the last lock ends
  * (or after the last failure, below the limit).
  */
@@ -234,7 +234,9 @@ export async function admitSignInAttempt(
 
 /**
  * Takes back an attempt that succeeded: one failure less, and the time of the last failure as it was
- * (unless another attempt has counted since).
+ * (unless another attempt has counted since). A row left without failures says nothing and goes. Two
+ * statements, each on the subject's row: an attempt counted between them makes the row count again, and
+ * the delete then leaves it.
  */
 export async function withdrawSignInAttempt(db: Db, attempt: CountedAttempt): Promise<void> {
   await queryRows(
@@ -243,6 +245,7 @@ export async function withdrawSignInAttempt(db: Db, attempt: CountedAttempt): Pr
       last_failure_at = case when last_failure_at = ${attempt.at}::timestamptz then coalesce(${attempt.previous}::timestamptz, last_failure_at) else last_failure_at end
       where ${signInThrottles.subject} = ${attempt.subject}`,
   );
+  await db.delete(signInThrottles).where(and(eq(signInThrottles.subject, attempt.subject), sql`${signInThrottles.failures} <= 0`));
 }
 
 /** Forgets the failures of `subject` (the right password of an email clears its failures). */
@@ -250,7 +253,11 @@ export async function clearSignInFailures(db: Db, subject: string): Promise<void
   await db.delete(signInThrottles).where(eq(signInThrottles.subject, subject));
 }
 
-/** Deletes what says nothing any more: rows without failures, and rows whose last failure is two days old. */
+/**
+ * Deletes rows whose last failure is two days old: by then every lock (a day at most) has ended and its
+ * failures are forgotten (a day after). The condition is the indexed column alone, so a failed sign-in
+ * that prunes reads only the stale rows, not the table. Rows without failures never stay (withdrawSignInAttempt).
+ */
 export async function pruneSignInThrottles(db: Db): Promise<void> {
-  await db.delete(signInThrottles).where(sql`${signInThrottles.failures} <= 0 or ${signInThrottles.lastFailureAt} < now() - interval '2 days'`);
+  await db.delete(signInThrottles).where(lt(signInThrottles.lastFailureAt, sql`now() - interval '2 days'`));
 }

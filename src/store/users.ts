@@ -57,11 +57,15 @@ export async function insertUserIfNew(
   return { user: existing, created: false };
 }
 
-/** Records that an operator vouched for the account: any workspace may add it from now on. */
+/**
+ * Records that an operator vouched for the account: any workspace may add it from now on. The password
+ * goes with it: whoever held the account before (the admin of the workspace that made it could have set
+ * one) must not keep a way in. The caller ends the sessions and links in the same transaction.
+ */
 export async function confirmUser(db: Db, userId: string): Promise<UserRow> {
   const [row] = await db
     .update(users)
-    .set({ confirmedAt: sql`coalesce(${users.confirmedAt}, now())` })
+    .set({ confirmedAt: sql`coalesce(${users.confirmedAt}, now())`, passwordHash: null })
     .where(eq(users.id, userId))
     .returning();
   if (!row) throw new Error(`user ${userId} cannot be found`);

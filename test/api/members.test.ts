@@ -1,7 +1,8 @@
 /**
  * Workspace members on both databases: adding people by email (creating the account, with a one-time
  * link only for an account the request created and only to a signed-in person, never to an API key),
- * accounts another workspace made (409 until an operator confirms them), listing, and who may add whom.
+ * accounts another workspace made (409 until an operator confirms them, which takes them back from whoever
+ * held them), listing, and who may add whom.
  */
 import { randomBytes } from 'node:crypto';
 import { sql } from 'drizzle-orm';
@@ -23,13 +24,16 @@ describe.each(testDrivers)('workspace members on %s', (driver) => {
   useTestApi(driver, (ready) => ({ api } = ready));
   const db = () => api.db.database.db;
 
+  /** Redeems a sign-in link through the API: the session's cookie and CSRF token. */
+  async function redeem(link: string): Promise<{ cookie: string; csrf: string }> {
+    const signedIn = await api.app.inject({ method: 'POST', url: '/api/v1/auth/sign-in-link', payload: { token: link.slice(link.lastIndexOf('/') + 1) } });
+    expect(signedIn.statusCode, signedIn.body).toBe(200);
+    return { cookie: String(signedIn.headers['set-cookie']).split(';')[0]!, csrf: signedIn.json().csrfToken };
+  }
+
   /** Signs a user in through a one-time link; requests carry the cookie, the CSRF token and a workspace. */
   async function sessionOf(userId: string, workspaceId?: string) {
-    const { url } = await issueSignInLink(db(), userId, TEST_PUBLIC_URL);
-    const signedIn = await api.app.inject({ method: 'POST', url: '/api/v1/auth/sign-in-link', payload: { token: url.slice(url.lastIndexOf('/') + 1) } });
-    expect(signedIn.statusCode, signedIn.body).toBe(200);
-    const cookie = String(signedIn.headers['set-cookie']).split(';')[0]!;
-    const csrf: string = signedIn.json().csrfToken;
+    const { cookie, csrf } = await redeem((await issueSignInLink(db(), userId, TEST_PUBLIC_URL)).url);
     return (method: InjectOptions['method'], url: string, body?: unknown): Promise<LightMyRequestResponse> =>
       api.app.inject({
         method,
@@ -91,12 +95,29 @@ describe.each(testDrivers)('workspace members on %s', (driver) => {
     expect(listed.json().members.map((member: { email: string }) => member.email)).toEqual(expect.arrayContaining([address, byKey]));
   });
 
+  const sessionStatus = async (cookie: string) => (await api.app.inject({ method: 'GET', url: '/api/v1/auth/session', headers: { cookie } })).statusCode;
+  const passwordSignIn = (address: string, password: string) =>
+    api.app.inject({ method: 'POST', url: '/api/v1/auth/sign-in', payload: { email: address, password } });
+
   it('refuses an account another workspace made with 409 until an operator confirms it; then adds it without a link', async () => {
     const maker = await api.newTenant();
+    const makerAdmin = await memberOf(maker, 'admin');
     const address = email('made');
-    const made = await maker.request('POST', '/api/v1/members', { email: address, name: 'Lin' });
+    const made = await makerAdmin.request('POST', '/api/v1/members', { email: address, name: 'Lin' });
     expect(made.statusCode, made.body).toBe(201);
     const userId: string = made.json().member.userId;
+
+    // The maker's admin can hold the account: open its link, keep the session, set a password.
+    const held = await redeem(made.json().signInLink);
+    const password = 'the maker admin chose this';
+    const set = await api.app.inject({
+      method: 'POST',
+      url: '/api/v1/auth/password',
+      headers: { cookie: held.cookie, 'x-csrf-token': held.csrf },
+      payload: { newPassword: password },
+    });
+    expect(set.statusCode, set.body).toBe(204);
+    expect((await passwordSignIn(address, password)).statusCode).toBe(200);
 
     // Whoever holds that account (the maker's admin could) must not get into another workspace under this address.
     const other = await api.newTenant();
@@ -115,13 +136,24 @@ describe.each(testDrivers)('workspace members on %s', (driver) => {
     const options = { publicUrl: TEST_PUBLIC_URL, defaultAgent: DEFAULT_AGENT };
     const third = await api.newTenant();
     await expect(createUser(db(), { email: address, workspace: third.workspace.name }, options)).rejects.toThrow(/no operator has confirmed it; .* add --confirm$/);
-    // Its own workspace still may, without confirming.
+    // Its own workspace still may, without confirming (the account left it first, so it is added again).
+    await db().execute(sql`delete from memberships where workspace_id = ${maker.workspace.id} and user_id = ${userId}`);
     const own = await createUser(db(), { email: address, workspace: maker.workspace.name }, options);
-    expect(own).toMatchObject({ created: false, membershipAdded: false });
+    expect(own).toMatchObject({ created: false, membershipAdded: true, role: 'member' });
     expect(await findUserByEmail(db(), address)).toMatchObject({ confirmedAt: null });
+    expect(await sessionStatus(held.cookie)).toBe(200);
+
+    // Confirming takes the account back from whoever held it: the operator's link is the only way in.
+    const unused = await issueSignInLink(db(), userId, TEST_PUBLIC_URL);
     const confirmed = await createUser(db(), { email: address, workspace: third.workspace.name, confirm: true }, options);
     expect(confirmed).toMatchObject({ created: false, membershipAdded: true, role: 'member' });
     expect(confirmed.user.confirmedAt).toBeInstanceOf(Date);
+    expect(await sessionStatus(held.cookie)).toBe(401);
+    expect((await passwordSignIn(address, password)).statusCode).toBe(401);
+    expect(await findUserByEmail(db(), address)).toMatchObject({ passwordHash: null });
+    const stale = await api.app.inject({ method: 'POST', url: '/api/v1/auth/sign-in-link', payload: { token: unused.url.slice(unused.url.lastIndexOf('/') + 1) } });
+    expect(stale.statusCode).toBe(401);
+    expect(await sessionStatus((await redeem(confirmed.signInLink.url)).cookie)).toBe(200);
 
     // Confirmed, the account joins any workspace; an existing account never comes with a link.
     const added = await other.request('POST', '/api/v1/members', { email: address, name: 'Ignored' });
