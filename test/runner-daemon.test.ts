@@ -7,15 +7,15 @@
  */
 import { execFileSync, spawn } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, renameSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { afterEach, describe, expect, it } from 'vitest';
+import { afterEach, describe, expect, it, vi } from 'vitest';
 import type { CompleteBody, Control, ControlMessage, RunManifest } from '../src/protocol/runner.js';
 import { RunnerRevokedError } from '../src/runner/client.js';
-import { RunnerDaemon, STOPPED_WHILE_EXECUTING } from '../src/runner/daemon.js';
+import { DAMAGED_STATE, RunnerDaemon, STOPPED_WHILE_EXECUTING } from '../src/runner/daemon.js';
 import { RunnerHome } from '../src/runner/home.js';
 import { RunOutbox } from '../src/runner/outbox.js';
 import { lockHolder } from '../src/runner/lock.js';
@@ -52,6 +52,8 @@ class ProtocolPeer {
   revoked = false;
   /** POST /events answers 503 while set. */
   eventsUnavailable = false;
+  /** POST /events refuses every batch (409, nothing to resync) while set: no request waits to be retried. */
+  eventsRefused = false;
   private version = 1;
   private listeners: Array<() => void> = [];
   private server: Server | null = null;
@@ -210,6 +212,7 @@ class ProtocolPeer {
   private accept(batch: { runId: string; generation: number; firstSequence: number; events: unknown[] }) {
     const run = this.runs.get(batch.runId);
     if (!run || run.deleted) return { runId: batch.runId, error: { status: 404, message: 'Run not found' } };
+    if (this.eventsRefused) return { runId: batch.runId, error: { status: 409, message: 'not now' } };
     if (batch.generation !== run.manifest.generation || !['executing', 'syncing', 'cancelled'].includes(run.manifest.state)) {
       return { runId: batch.runId, error: { status: 409, message: `run is ${run.manifest.state}` } };
     }
@@ -480,6 +483,130 @@ describe('the runner daemon against a protocol peer', () => {
     await waitFor('the runs to be forgotten', () => !existsSync(records.dirOf(brokenRecord.runId)) && !existsSync(records.dirOf(brokenOutbox.runId)));
     const after = await runnerStatus(s.home, { timeoutMs: 1_000 });
     expect(after.quarantined.map((entry) => entry.runId).sort()).toEqual([brokenRecord.runId, brokenOutbox.runId].sort());
+  });
+
+  it('reports a run quarantined after its execution from its fresh outbox, not the one it moved aside', async () => {
+    const s = await setup([{ toolCalls: [{ name: 'finish', arguments: { summary: 'Done.' } }] }]);
+    // The end of the execution cannot be handled (a fault injected once): the run is quarantined while its
+    // outbox is open and uploading; the server refuses its events meanwhile.
+    const afterExecution = vi.spyOn(RunnerDaemon.prototype as unknown as { afterExecution: () => void }, 'afterExecution').mockImplementationOnce(() => {
+      throw new Error('injected: the end of the run cannot be handled');
+    });
+    cleanups.push(() => afterExecution.mockRestore());
+    s.peer.eventsRefused = true;
+    const run = s.peer.addRun({ projectId: s.projectId, permissionMode: 'full' });
+    s.start();
+    const moved = join(s.home.dir, 'quarantine', run.runId);
+    await waitFor('the run to be moved aside', () => existsSync(moved) && s.logs.some((line) => line.includes(`run ${run.runId}: its end could not be handled`)));
+    expect(RunOutbox.inspect(moved).entries).toBeGreaterThan(0);
+
+    s.peer.eventsRefused = false;
+    const receipt = await waitFor('the completion receipt', () => s.peer.runs.get(run.runId)!.receipt);
+    expect(receipt.outcome).toEqual({ status: 'failed', error: DAMAGED_STATE });
+    // Only the fresh outbox was uploaded: its error event, and the receipt names its last sequence.
+    expect(s.peer.runs.get(run.runId)!.journal).toEqual([{ kind: 'error', data: { message: DAMAGED_STATE } }]);
+    expect(receipt.lastSequence).toBe(1);
+    expect(s.peer.runs.get(run.runId)!.claims).toBe(1);
+    // The events it moved aside stay there, untouched by the upload.
+    expect(RunOutbox.inspect(moved).entries).toBeGreaterThan(0);
+  });
+
+  it('reports no run whose process groups could not be stopped, and reports it once a later pass stops them', async () => {
+    const s = await setup([]);
+    const records = new RunRecords(s.home);
+    const scratch = mkdtempSync(join(tmpdir(), 'svc-groups-'));
+    writeFileSync(join(scratch, 'not-a-folder'), '');
+    const claimed = () => {
+      const manifest = s.peer.addRun({ projectId: s.projectId, permissionMode: 'full' });
+      Object.assign(s.peer.runs.get(manifest.runId)!, { claims: 1 });
+      Object.assign(s.peer.runs.get(manifest.runId)!.manifest, { state: 'executing', generation: 1 });
+      return s.peer.runs.get(manifest.runId)!.manifest;
+    };
+    /** A process the run left running, recorded where the stop cannot read it (its groups/ is no folder). */
+    const unstoppable = (runId: string) => {
+      const leftover = spawn('sleep', ['300'], { detached: true, stdio: 'ignore' });
+      cleanups.push(() => groupExists(leftover.pid!) && process.kill(-leftover.pid!, 'SIGKILL'));
+      symlinkSync(join(scratch, 'not-a-folder'), records.groupsDirOf(runId));
+      return leftover;
+    };
+    /** The record becomes readable: swapped in at once, so no pass sees an empty folder. */
+    const readable = (runId: string, pid: number) => {
+      const groups = join(scratch, runId);
+      mkdirSync(groups);
+      writeFileSync(join(groups, 'left.pid'), `${pid}\n`);
+      symlinkSync(groups, `${records.groupsDirOf(runId)}.next`);
+      renameSync(`${records.groupsDirOf(runId)}.next`, records.groupsDirOf(runId));
+    };
+    const executing = claimed();
+    records.write({ manifest: executing, phase: 'executing' });
+    const executingLeftover = unstoppable(executing.runId);
+    const damaged = claimed();
+    mkdirSync(records.dirOf(damaged.runId), { recursive: true });
+    writeFileSync(join(records.dirOf(damaged.runId), 'run.json'), '{"manifest":');
+    const damagedLeftover = unstoppable(damaged.runId);
+
+    s.start();
+    for (const run of [executing, damaged]) {
+      await waitFor(`the log about ${run.runId}`, () => s.logs.find((line) => line.startsWith(`run ${run.runId}: not taken over: its process groups could not be stopped`)));
+    }
+    // Left as they are while what they started runs: not reported, not moved aside, not claimed again.
+    for (const run of [executing, damaged]) {
+      expect(s.peer.runs.get(run.runId)!.receipt).toBeNull();
+      expect(s.peer.calls(run.runId)).toEqual([]);
+      expect(existsSync(records.dirOf(run.runId))).toBe(true);
+    }
+    expect(existsSync(join(s.home.dir, 'quarantine'))).toBe(false);
+    expect(groupExists(executingLeftover.pid!) && groupExists(damagedLeftover.pid!)).toBe(true);
+
+    readable(executing.runId, executingLeftover.pid!);
+    readable(damaged.runId, damagedLeftover.pid!);
+    const executingReceipt = await waitFor('the receipt of the executing run', () => s.peer.runs.get(executing.runId)!.receipt);
+    expect(executingReceipt.outcome).toEqual({ status: 'failed', error: STOPPED_WHILE_EXECUTING });
+    const damagedReceipt = await waitFor('the receipt of the damaged run', () => s.peer.runs.get(damaged.runId)!.receipt);
+    expect(damagedReceipt.outcome).toEqual({ status: 'failed', error: DAMAGED_STATE });
+    expect(groupExists(executingLeftover.pid!)).toBe(false);
+    expect(groupExists(damagedLeftover.pid!)).toBe(false);
+    expect(s.peer.runs.get(executing.runId)!.claims).toBe(1);
+    expect(s.peer.runs.get(damaged.runId)!.claims).toBe(1);
+  });
+
+  it('quarantines no freshly claimed run whose outbox cannot be opened for a reason other than damage: it is claimed again later', async () => {
+    const s = await setup([{ toolCalls: [{ name: 'finish', arguments: { summary: 'Done.' } }] }]);
+    const run = s.peer.addRun({ projectId: s.projectId, permissionMode: 'full' });
+    // Opening its outbox fails (EISDIR), as a full disk or too many open files would.
+    mkdirSync(join(s.home.runDir(run.runId), 'events.jsonl'), { recursive: true });
+    s.start();
+    await waitFor('the log', () => s.logs.find((line) => line.startsWith(`run ${run.runId}: its outbox could not be opened`)));
+    expect(s.peer.runs.get(run.runId)!.receipt).toBeNull();
+    expect(existsSync(join(s.home.dir, 'quarantine'))).toBe(false);
+
+    rmSync(join(s.home.runDir(run.runId), 'events.jsonl'), { recursive: true });
+    const receipt = await waitFor('the completion receipt', () => s.peer.runs.get(run.runId)!.receipt);
+    expect(receipt.outcome).toEqual({ status: 'completed', finalAnswer: 'Done.' });
+    expect(s.peer.runs.get(run.runId)!.claims).toBeGreaterThanOrEqual(2);
+    expect(s.model.requests).toHaveLength(1);
+    expect(existsSync(join(s.home.dir, 'quarantine'))).toBe(false);
+  });
+
+  it('never moves a run aside twice: one whose fresh state is damaged too is left alone', async () => {
+    const s = await setup([{ toolCalls: [{ name: 'finish', arguments: { summary: 'Done.' } }] }]);
+    const manifest = s.peer.addRun({ projectId: s.projectId, permissionMode: 'full' });
+    Object.assign(s.peer.runs.get(manifest.runId)!, { claims: 1 });
+    Object.assign(s.peer.runs.get(manifest.runId)!.manifest, { state: 'executing', generation: 1 });
+    // Moved aside in an earlier life; what stands where its fresh outbox goes is damaged.
+    const quarantine = join(s.home.dir, 'quarantine');
+    mkdirSync(join(quarantine, manifest.runId), { recursive: true });
+    mkdirSync(s.home.runDir(manifest.runId), { recursive: true });
+    writeFileSync(join(s.home.runDir(manifest.runId), 'events.jsonl'), `not an entry\n${JSON.stringify({ sequence: 2, event: { kind: 'message', data: { text: 'x' } } })}\n`);
+    s.start();
+    await waitFor('the log', () => s.logs.find((line) => line.startsWith(`run ${manifest.runId}: the outbox`) && line.includes('it was moved aside before')));
+
+    // Later listings leave it alone: the next run is claimed and reported, and nothing more was moved.
+    const next = s.peer.addRun({ projectId: s.projectId, permissionMode: 'full' });
+    await waitFor('the next receipt', () => s.peer.runs.get(next.runId)!.receipt);
+    expect(readdirSync(quarantine)).toEqual([manifest.runId]);
+    expect(readFileSync(join(s.home.runDir(manifest.runId), 'events.jsonl'), 'utf8')).toMatch(/^not an entry\n/);
+    expect(s.peer.runs.get(manifest.runId)!.receipt).toBeNull();
   });
 
   it('goes on when its log fails: a run is still delivered and reported, a deleted one still dropped, and nothing is left unhandled', async () => {

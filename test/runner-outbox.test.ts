@@ -4,7 +4,7 @@
  * retries with identical content, `expectedSequence`, parts joined and checked by digest).
  */
 import { createHash, randomUUID } from 'node:crypto';
-import { appendFileSync, mkdtempSync, readFileSync } from 'node:fs';
+import { appendFileSync, mkdirSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import type { FileHandle } from 'node:fs/promises';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -14,7 +14,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { RUNNER_LIMITS, type EventPartBody, type RunnerEvent } from '../src/protocol/runner.js';
 import { RunnerClient } from '../src/runner/client.js';
 import { silentLog } from '../src/runner/log.js';
-import { RunOutbox } from '../src/runner/outbox.js';
+import { OutboxCorruptError, RunOutbox } from '../src/runner/outbox.js';
 import { entryLine, sendableEntry } from '../src/runner/parts.js';
 import { Uploader, type UploaderOptions } from '../src/runner/upload.js';
 
@@ -220,6 +220,21 @@ describe('the outbox on disk', () => {
     appendFileSync(path, `{"sequence":4,"event":{"kind":"mes}\n${entryLine(5, event(5))}\n`);
     await expect(RunOutbox.open(dir, 0)).rejects.toMatchObject({ name: 'OutboxCorruptError' });
     expect(() => RunOutbox.inspect(dir)).toThrow(/line 4 is not a whole/);
+  });
+
+  it('tells damage from a read that fails: only a marker or line that is not what it must be is OutboxCorruptError', async () => {
+    const unreadable = tempDir();
+    // acked.json cannot be read (EISDIR here; EMFILE or EIO alike): no damage, the error as it is.
+    mkdirSync(join(unreadable, 'acked.json'));
+    const failed = await RunOutbox.open(unreadable, 0).catch((error: unknown) => error);
+    expect(failed).toMatchObject({ code: 'EISDIR' });
+    expect(failed).not.toBeInstanceOf(OutboxCorruptError);
+
+    for (const marker of ['{"acknowledged":', 'null', '{"acknowledged":-1}']) {
+      const damaged = tempDir();
+      writeFileSync(join(damaged, 'acked.json'), marker);
+      await expect(RunOutbox.open(damaged, 0)).rejects.toBeInstanceOf(OutboxCorruptError);
+    }
   });
 
   it('cuts a write that fails part-way back to the last whole line, and refuses appends once that cannot be done', async () => {

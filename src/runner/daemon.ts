@@ -3,11 +3,15 @@
  *
  * At start it takes over what an earlier life left: runs that were executing are stopped (their
  * recorded process groups killed) and reported failed, finished runs resume delivery and completion
- * (run-state.ts); none is executed again. A run whose state here is damaged (its record or outbox, or
- * anything that makes taking it over fail) is quarantined: its folder is moved aside as it is
- * (`quarantine/`, shown by `svc runner status`), the log says where, and once the server lists it the run
- * is reported failed with a fresh outbox, never executed again; the others go on. Then it discovers what
- * it can run, heartbeats, and long-polls `POST /runners/signals`:
+ * (run-state.ts); none is executed again. A run whose state here is damaged (its record or outbox) is
+ * quarantined: its upload stops, its outbox is closed, its folder is moved aside as it is (`quarantine/`,
+ * shown by `svc runner status`), the log says where, and once the server lists it the run is reported
+ * failed with a fresh outbox, never executed again; the others go on. A run is moved aside once: should
+ * its fresh state be damaged too, it is left alone. What fails for a reason that may pass (process groups
+ * that cannot be stopped, too many open files, a full disk) quarantines nothing: a run left by an earlier
+ * life is then neither reported nor claimed until a later pass takes it over (a run is never reported
+ * while what it started may still run); a freshly claimed run that never started is claimed again later.
+ * Then it discovers what it can run, heartbeats, and long-polls `POST /runners/signals`:
  *
  * - a new work version: list `/runs`, claim queued runs up to the concurrency (one run per task at a
  *   time), stop cancelled ones (their receipt says `cancelled`), forget runs the server no longer lists;
@@ -39,10 +43,10 @@ import { startExecution, type Execution } from './execute.js';
 import type { Connection, RunnerHome } from './home.js';
 import { acquireRunnerLock, type RunnerLock } from './lock.js';
 import { errorText, stderrLog, type Log } from './log.js';
-import { RunOutbox } from './outbox.js';
+import { OutboxCorruptError, RunOutbox } from './outbox.js';
 import { registrationOf } from './projects.js';
 import { reviewAnswer } from './review.js';
-import { RunRecords, type RunRecord } from './run-state.js';
+import { RunRecordDamagedError, RunRecords, type RunRecord } from './run-state.js';
 import { Uploader } from './upload.js';
 
 export const STOPPED_WHILE_EXECUTING = 'the runner stopped while this run executed';
@@ -100,6 +104,16 @@ export class RunnerDaemon {
    * so they are reported failed afresh once listed; otherwise they are left alone.
    */
   private readonly quarantined = new Map<string, { movedAside: boolean }>();
+  /**
+   * Runs an earlier life left whose takeover failed for a reason that may pass (their process groups could
+   * not be stopped, the disk refused): known here, so neither claimed nor reported, and tried again on the
+   * next passes.
+   */
+  private readonly leftBehind = new Set<string>();
+  /** Failures that may pass, per run: the backoff before the next pass and how often the log says so. */
+  private readonly retries = new Map<string, number>();
+  private retryTimer: { timer: NodeJS.Timeout; dueAt: number } | null = null;
+  private readonly random: (() => number) | undefined;
   private readonly reviewsInFlight = new Set<string>();
   private readonly reviewsAnswered = new Set<string>();
   private listedVersion: string | null = null;
@@ -121,6 +135,7 @@ export class RunnerDaemon {
     this.env = options.env ?? process.env;
     this.concurrency = Math.max(1, options.concurrency ?? 2);
     this.waitMs = Math.min(options.waitMs ?? RUNNER_LIMITS.maxWaitMs, RUNNER_LIMITS.maxWaitMs);
+    this.random = options.client?.random;
     this.connection = options.home.requireConnection();
     this.heartbeatIntervalMs = this.connection.heartbeatIntervalMs;
     this.client = new RunnerClient({
@@ -185,23 +200,39 @@ export class RunnerDaemon {
   private async recover(): Promise<void> {
     // Moved aside in an earlier life; reported since, or still to be.
     for (const { runId } of this.records.quarantined()) this.quarantined.set(runId, { movedAside: true });
-    const { records, damaged } = this.records.scan();
-    for (const { runId, path, problem } of damaged) {
-      // Whatever it ran is stopped all the same: nothing here can report or control it any more.
-      await this.stopLeftGroups(runId).catch((error: unknown) => this.log(`run ${runId}: its process groups could not be stopped: ${errorText(error)}`));
-      this.quarantine(runId, `its record ${path} is damaged (${problem})`);
+    for (const runId of this.records.runIds()) await this.recoverRun(runId);
+  }
+
+  /** Takes over what an earlier life left of one run; what fails for a reason that may pass is tried again on a later pass. */
+  private async recoverRun(runId: string): Promise<void> {
+    try {
+      await this.takeOverRun(runId);
+      this.leftBehind.delete(runId);
+      this.retries.delete(runId);
+    } catch (error) {
+      await this.release(runId);
+      this.leftBehind.add(runId);
+      this.retryLater(runId, `not taken over: ${errorText(error)}; it is neither reported nor claimed until it is`);
     }
-    for (const found of records) {
-      try {
-        await this.takeOver(found);
-      } catch (error) {
-        this.quarantine(found.manifest.runId, `it could not be taken over: ${errorText(error)}`);
-      }
+  }
+
+  private async takeOverRun(runId: string): Promise<void> {
+    let found: RunRecord | null;
+    try {
+      found = this.records.read(runId);
+    } catch (error) {
+      if (!(error instanceof RunRecordDamagedError)) throw error;
+      // Whatever it ran is stopped first: once its folder is moved aside, nothing here could stop it.
+      await this.stopLeftGroups(runId);
+      await this.quarantine(runId, `its record ${error.path} is damaged (${error.problem})`);
+      return;
     }
+    if (found) await this.takeOver(found);
   }
 
   private async takeOver(found: RunRecord): Promise<void> {
     const { runId } = found.manifest;
+    // Its processes are gone before anything reports it: should the stop fail, the takeover fails.
     if (found.phase === 'executing') await this.stopLeftGroups(runId);
     const outbox = await this.openOutbox(found.manifest);
     if (!outbox) return;
@@ -211,36 +242,87 @@ export class RunnerDaemon {
       record = this.records.write({ manifest: record.manifest, phase: 'finished', outcome: { status: 'failed', error: STOPPED_WHILE_EXECUTING } });
     }
     this.log(`run ${runId}: resuming delivery (${outbox.backlog().entries} event(s) to send)`);
-    this.outboxes.set(runId, outbox);
     this.uploader.add({ runId, generation: record.manifest.generation, outbox });
     this.deliver(record, outbox);
   }
 
   private async stopLeftGroups(runId: string): Promise<void> {
-    const stopped = await this.records.stopGroups(runId);
+    let stopped: number;
+    try {
+      stopped = await this.records.stopGroups(runId);
+    } catch (error) {
+      throw new Error(`its process groups could not be stopped (${errorText(error)})`, { cause: error });
+    }
     if (stopped > 0) this.log(`run ${runId}: stopped ${stopped} process group(s) left from before`);
   }
 
-  /** The run's outbox; null when it cannot be opened (damaged, or the disk refuses), and the run is quarantined. */
+  /**
+   * The run's outbox, opened and kept in `outboxes`. Null when it is damaged: the run is quarantined. Any
+   * other failure (too many open files, a full disk) is thrown: it is no damage, and may pass.
+   */
   private async openOutbox(manifest: RunManifest): Promise<RunOutbox | null> {
+    let outbox: RunOutbox;
     try {
-      return await RunOutbox.open(this.records.dirOf(manifest.runId), manifest.eventsStored);
+      outbox = await RunOutbox.open(this.records.dirOf(manifest.runId), manifest.eventsStored);
     } catch (error) {
-      this.quarantine(manifest.runId, errorText(error));
+      if (!(error instanceof OutboxCorruptError)) throw error;
+      await this.quarantine(manifest.runId, errorText(error));
       return null;
     }
+    this.outboxes.set(manifest.runId, outbox);
+    return outbox;
   }
 
-  /** Moves a run whose state here is damaged aside; it is reported failed once the server lists it. */
-  private quarantine(runId: string, why: string): void {
+  /**
+   * Moves a run whose state here is damaged aside; it is reported failed from a fresh outbox once the
+   * server lists it. Its upload stops and its outbox is closed first: nothing here touches the moved
+   * folder again, and the fresh outbox is the one uploaded. A run already moved aside is not moved again
+   * (its fresh state is damaged too): it is left alone, as it is.
+   */
+  private async quarantine(runId: string, why: string): Promise<void> {
+    await this.release(runId);
+    if (this.quarantined.get(runId)?.movedAside) {
+      this.quarantined.set(runId, { movedAside: false });
+      this.log(`run ${runId}: ${why}; it was moved aside before, so its folder ${this.records.dirOf(runId)} stays as it is and the run is left alone (svc runner status lists it)`);
+      return;
+    }
     try {
       const path = this.records.quarantine(runId);
       this.quarantined.set(runId, { movedAside: true });
       this.log(`run ${runId}: ${why}; its folder was moved to ${path}, and the run is reported failed, never executed here again`);
+      // Reported once listed: a listing is asked for.
+      this.wake();
     } catch (error) {
       this.quarantined.set(runId, { movedAside: false });
       this.log(`run ${runId}: ${why}; its folder ${this.records.dirOf(runId)} could not be moved aside (${errorText(error)}): the run is left alone until it is (svc runner status lists it)`);
     }
+  }
+
+  /** Stops uploading the run and closes its outbox (its record and folder stay). */
+  private async release(runId: string): Promise<void> {
+    this.uploader.remove(runId, 'its state here was set aside');
+    const outbox = this.outboxes.get(runId);
+    this.outboxes.delete(runId);
+    await outbox?.close().catch(() => undefined);
+  }
+
+  /**
+   * Something of the run failed for a reason that may pass: the log says so (the first time, then every
+   * tenth), and a listing (which also retries the runs left behind) is asked for after a backoff.
+   */
+  private retryLater(runId: string, why: string): void {
+    const attempt = this.retries.get(runId) ?? 0;
+    this.retries.set(runId, attempt + 1);
+    if (attempt === 0 || (attempt + 1) % 10 === 0) this.log(`run ${runId}: ${why} (trying again, attempt ${attempt + 2})`);
+    if (this.shutdown.signal.aborted) return;
+    const dueAt = Date.now() + backoffDelay(attempt, this.random);
+    if (this.retryTimer && this.retryTimer.dueAt <= dueAt) return;
+    if (this.retryTimer) clearTimeout(this.retryTimer.timer);
+    const timer = setTimeout(() => {
+      this.retryTimer = null;
+      this.wake();
+    }, dueAt - Date.now());
+    this.retryTimer = { timer, dueAt };
   }
 
   // ---- heartbeat ----
@@ -358,6 +440,7 @@ export class RunnerDaemon {
   private async listRuns(): Promise<void> {
     // Cleared first: a wake while the list is fetched asks for another one.
     this.relist = false;
+    for (const runId of [...this.leftBehind]) await this.recoverRun(runId);
     let listing: ListRunsResponse;
     try {
       listing = await this.client.listRuns();
@@ -372,6 +455,8 @@ export class RunnerDaemon {
     }
     const candidates: RunManifest[] = [];
     for (const run of listing.runs) {
+      // Not taken over yet: what it started may still run.
+      if (this.leftBehind.has(run.runId)) continue;
       const known = this.executing.has(run.runId) || this.delivering.has(run.runId);
       const quarantined = this.quarantined.get(run.runId);
       if (quarantined) {
@@ -440,12 +525,30 @@ export class RunnerDaemon {
   private async adopt(run: RunManifest, phase: 'finished' | 'synced', outcome: RunOutcome, event?: RunnerEvent): Promise<void> {
     if (this.records.read(run.runId)) return;
     const record = this.records.write({ manifest: run, phase, outcome });
-    const outbox = await this.openOutbox(run);
-    if (!outbox) return;
-    if (event) await outbox.append(event);
-    this.outboxes.set(run.runId, outbox);
+    let outbox: RunOutbox | null;
+    try {
+      outbox = await this.openOutbox(run);
+      if (!outbox) return;
+      if (event) await outbox.append(event);
+    } catch (error) {
+      // Nothing was reported: without its record, the next listing adopts it again.
+      await this.release(run.runId);
+      this.dropRecord(run.runId);
+      this.retryLater(run.runId, `its state here could not be set up to report it: ${errorText(error)}`);
+      return;
+    }
+    this.retries.delete(run.runId);
     this.uploader.add({ runId: run.runId, generation: run.generation, outbox });
     this.deliver(record, outbox);
+  }
+
+  /** Drops the run's record only (a run that did nothing here yet); one that cannot be dropped is logged. */
+  private dropRecord(runId: string): void {
+    try {
+      this.records.removeRecord(runId);
+    } catch (error) {
+      this.log(`run ${runId}: its record could not be removed: ${errorText(error)}`);
+    }
   }
 
   private async claimAndStart(run: RunManifest): Promise<void> {
@@ -463,9 +566,18 @@ export class RunnerDaemon {
     }
     // Recorded before anything runs: after a crash, a run with a record is never executed again.
     const record = this.records.write({ manifest, phase: 'executing' });
-    const outbox = await this.openOutbox(manifest);
+    let outbox: RunOutbox | null;
+    try {
+      outbox = await this.openOutbox(manifest);
+    } catch (error) {
+      // It never ran: without its record it is not reported failed after a restart, and a later listing
+      // claims it again.
+      this.dropRecord(manifest.runId);
+      this.retryLater(manifest.runId, `its outbox could not be opened: ${errorText(error)}; it did not run, and is claimed again later`);
+      return;
+    }
     if (!outbox) return;
-    this.outboxes.set(manifest.runId, outbox);
+    this.retries.delete(manifest.runId);
     this.uploader.add({ runId: manifest.runId, generation: manifest.generation, outbox });
     this.log(`run ${manifest.runId} (task ${manifest.taskSlug}, ${manifest.harness}/${manifest.model}): executing, generation ${manifest.generation}`);
     const execution = startExecution({ home: this.home, records: this.records, env: this.env, log: this.log }, manifest, outbox, () => this.uploader.kick());
@@ -475,12 +587,14 @@ export class RunnerDaemon {
         (outcome) => this.afterExecution(record, outbox, outcome),
         (error: unknown) => this.afterExecution(record, outbox, { status: 'failed', error: errorText(error) }),
       )
-      .catch((error: unknown) => {
+      .catch(async (error: unknown) => {
         this.log(`run ${manifest.runId}: after its execution: ${errorText(error)}`);
+        // Its execution is over, whatever failed after it.
+        if (this.executing.get(manifest.runId) === execution) this.executing.delete(manifest.runId);
         // Neither executing nor delivering, it would look unclaimed here and be claimed again: it is
         // reported failed instead.
         if (!this.delivering.has(manifest.runId) && !this.forgotten.has(manifest.runId) && !this.shutdown.signal.aborted) {
-          this.quarantine(manifest.runId, `its end could not be handled: ${errorText(error)}`);
+          await this.quarantine(manifest.runId, `its end could not be handled: ${errorText(error)}`);
         }
       });
   }
@@ -546,6 +660,7 @@ export class RunnerDaemon {
   private forget(runId: string): void {
     this.delivering.delete(runId);
     this.cursors.delete(runId);
+    this.retries.delete(runId);
     this.uploader.remove(runId);
     const outbox = this.outboxes.get(runId);
     this.outboxes.delete(runId);
@@ -571,6 +686,7 @@ export class RunnerDaemon {
   private async stopEverything(): Promise<void> {
     this.stop();
     if (this.heartbeatTimer) clearTimeout(this.heartbeatTimer);
+    if (this.retryTimer) clearTimeout(this.retryTimer.timer);
     this.uploader.stop();
     const executions = [...this.executing.values()];
     for (const execution of executions) execution.stop('shutdown');

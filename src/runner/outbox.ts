@@ -13,8 +13,9 @@
  * too, the outbox refuses further appends until it is reopened. On reopening, every line is checked
  * (its exact prefix and its event's JSON): a torn last line (a crash while it was written: never fsynced,
  * never uploaded) is cut off, and so is a torn write's leftover in front of the whole entry written after
- * it. Anything else invalid before the last line is damage: OutboxCorruptError, and the daemon leaves
- * that run alone.
+ * it. Anything else invalid before the last line is damage: OutboxCorruptError, and the daemon moves
+ * that run aside (daemon.ts). A read or write that fails (too many open files, a full disk) is not
+ * damage: it is thrown as it is, and may pass.
  */
 import { mkdirSync, readFileSync, rmSync } from 'node:fs';
 import { open, type FileHandle } from 'node:fs/promises';
@@ -103,16 +104,25 @@ function entryAfterTornWrite(line: string): OutboxEntry | null {
 /** The file that holds exactly `entries`. */
 const fileText = (entries: readonly OutboxEntry[]): string => entries.map((entry) => `${entry.line}\n`).join('');
 
+/** The acknowledged sequence on disk; null when there is no marker. A marker that cannot be read as one is damage; a read that fails (too many open files, a failing disk) is only that, and is thrown as it is. */
 function readAcked(dir: string): number | null {
+  const path = join(dir, ACKED);
+  let text: string;
   try {
-    const parsed = JSON.parse(readFileSync(join(dir, ACKED), 'utf8')) as { acknowledged?: unknown };
-    if (typeof parsed.acknowledged === 'number' && Number.isInteger(parsed.acknowledged) && parsed.acknowledged >= 0) return parsed.acknowledged;
-    throw new OutboxCorruptError(join(dir, ACKED), 'no acknowledged sequence');
+    text = readFileSync(path, 'utf8');
   } catch (error) {
     if ((error as NodeJS.ErrnoException).code === 'ENOENT') return null;
-    if (error instanceof OutboxCorruptError) throw error;
-    throw new OutboxCorruptError(join(dir, ACKED), 'not JSON');
+    throw error;
   }
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(text);
+  } catch {
+    throw new OutboxCorruptError(path, 'not JSON');
+  }
+  const acknowledged = typeof parsed === 'object' && parsed !== null ? (parsed as { acknowledged?: unknown }).acknowledged : undefined;
+  if (typeof acknowledged === 'number' && Number.isInteger(acknowledged) && acknowledged >= 0) return acknowledged;
+  throw new OutboxCorruptError(path, 'no acknowledged sequence');
 }
 
 function load(dir: string, fallbackAcknowledged: number): Loaded {

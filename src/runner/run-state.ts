@@ -164,6 +164,11 @@ export class RunRecords {
       .filter((entry) => z.uuid().safeParse(entry.runId).success);
   }
 
+  /** Drops the run's record only: a run that did nothing here yet looks unrecorded again. */
+  removeRecord(runId: string): void {
+    rmSync(join(this.dirOf(runId), RECORD), { force: true });
+  }
+
   /** Forgets the run: record, outbox and all. */
   remove(runId: string): void {
     rmSync(this.dirOf(runId), { recursive: true, force: true });
