@@ -52,6 +52,25 @@ describe('scheduler', () => {
       expect(await stopped).toBe(true);
     }
   });
+
+  it('starts no work once stopped, also not through a tick', async () => {
+    const rounds = { plain: 0, detached: 0 };
+    const scheduler = new Scheduler({
+      tickMs: 3_600_000,
+      logger,
+      work: [
+        { name: 'plain', run: async () => (rounds.plain += 1) },
+        { name: 'detached', detached: true, run: async () => (rounds.detached += 1) },
+      ],
+    });
+    scheduler.start();
+    await scheduler.tick();
+    expect(rounds).toEqual({ plain: 1, detached: 1 });
+    await scheduler.stop();
+    // What shuts down after the scheduler (the database) must not find its work running again.
+    await scheduler.tick();
+    expect(rounds).toEqual({ plain: 1, detached: 1 });
+  });
 });
 
 // The worker opens the database its config names: the embedded one in its data dir here, whatever

@@ -7,7 +7,9 @@
  * Work that can take long (archiving forks, installing an environment's dependencies) is `detached`: a
  * tick starts a round of it when its last round has ended and goes on without waiting for it, so that it
  * never holds up the other work. `stop` waits for every round under way: a process shutting down stops
- * its long work first (Environments.abort, ForkLifecycle.abort), then the scheduler.
+ * its long work first (Environments.abort, ForkLifecycle.abort), then the scheduler. Once stopped, no
+ * work starts, also not through `tick` (until `start` again): what shuts down after it must not have it
+ * running again.
  *
  * Every process runs its own scheduler. The fork lifecycle is per host (each host moves the forks on its
  * disk) and each of its moves is a conditional UPDATE, so several processes ticking at once is safe;
@@ -33,6 +35,8 @@ export class Scheduler {
   private timer: NodeJS.Timeout | null = null;
   private inFlight: Promise<void> | null = null;
   private running = false;
+  /** Set by `stop`: no tick starts any work, and a tick under way starts no more. */
+  private stopped = false;
   /** The round under way of each detached work, by name. */
   private readonly detached = new Map<string, Promise<void>>();
 
@@ -42,19 +46,24 @@ export class Scheduler {
   start(): void {
     if (this.running) return;
     this.running = true;
+    this.stopped = false;
     this.schedule();
   }
 
   /** Stops ticking and waits for a tick in flight, and the detached rounds under way, to end. */
   async stop(): Promise<void> {
     this.running = false;
+    this.stopped = true;
     if (this.timer) clearTimeout(this.timer);
     this.timer = null;
     await this.inFlight;
     await Promise.all(this.detached.values());
   }
 
-  /** Runs every piece of work once, now (a tick in flight finishes first; detached work is started, not awaited). */
+  /**
+   * Runs every piece of work once, now (a tick in flight finishes first; detached work is started, not
+   * awaited); nothing once stopped.
+   */
   async tick(): Promise<void> {
     while (this.inFlight) await this.inFlight;
     const tick = this.runAll().finally(() => {
@@ -76,6 +85,7 @@ export class Scheduler {
 
   private async runAll(): Promise<void> {
     for (const work of this.options.work) {
+      if (this.stopped) return;
       if (!work.detached) {
         await this.runOnce(work);
       } else if (!this.detached.has(work.name)) {
