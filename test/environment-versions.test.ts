@@ -12,7 +12,7 @@ import { Environments } from '../src/engine/environments.js';
 import { addRepository } from '../src/engine/repositories.js';
 import { parseEnvironmentConfig } from '../src/sandbox/environment.js';
 import { EnvironmentStore, MAX_LAYERS, sameFiles, type EnvironmentChange } from '../src/sandbox/environment-versions.js';
-import { ForkManager, type Fork } from '../src/sandbox/fork.js';
+import { ForkManager, sandboxCapabilities, type Fork } from '../src/sandbox/fork.js';
 import { useTestApi, type Tenant, type TestApi } from './support/api.js';
 import { testDrivers } from './support/db.js';
 import { gitIn, sampleRepository } from './support/repos.js';
@@ -140,6 +140,66 @@ describe('environment versions (the store)', () => {
     // The layers of the collected versions went; those of the versions kept are all there.
     expect(layersLeft()).toEqual(before.kept);
     expect(readdirSync(join(store.root, 'changes'))).toEqual([]);
+  });
+
+  const modes: Array<[string, boolean]> = [...(sandboxCapabilities().overlay ? [['overlay layers', true] as [string, boolean]] : []), ['whole copies', false]];
+
+  it.each(modes)('keeps the base of a change under way, and makes a change whose version number was collected again on the current one (%s)', async (_, overlay) => {
+    const root = mkdtempSync(join(tmpdir(), 'svc-env-late-'));
+    const store = new EnvironmentStore(join(root, 'environment'), policy, () => undefined, { overlay });
+    await store.init('first', async (dir) => writeFileSync(join(dir, 'log.txt'), 'start\n'));
+    let release!: () => void;
+    const held = new Promise<void>((resolve) => (release = resolve));
+    let started!: () => void;
+    const running = new Promise<void>((resolve) => (started = resolve));
+    let slowRuns = 0;
+    const slow = store.change('slow', async (change) => {
+      slowRuns += 1;
+      if (slowRuns === 1) {
+        started();
+        await held;
+      }
+      // A long setup goes on after the collection below: the version it is made from must be there.
+      await sh(change.fork, 'echo slow >> log.txt');
+    });
+    await running;
+    for (const name of ['fast2', 'fast3']) await store.change(name, async (change) => sh(change.fork, `echo ${name} >> log.txt`));
+    // An hour later, the slow change still running: versions 1 and 2 were superseded long ago.
+    await store.collect(new Set(), Date.now() + 3_600_000);
+    expect(store.read(2)).toBeNull();
+    expect(store.read(1)!.layers.filter((layer) => !existsSync(layer))).toEqual([]);
+    release();
+    const { version } = await slow;
+    // Not published as version 2 (free again) behind version 3: made again on version 3.
+    expect(slowRuns).toBe(2);
+    expect(version.version).toBe(4);
+    expect(store.current()!.version).toBe(4);
+    expect(await store.readFile(version, 'log.txt')).toBe('start\nfast2\nfast3\nslow\n');
+    // Its base is free to go once it is done.
+    await store.collect(new Set(), Date.now() + 3_600_000);
+    expect(store.read(1)).toBeNull();
+  });
+
+  it.skipIf(!sandboxCapabilities().overlay)('stops a flattening when the process shuts down, leaving no half layer, and a later change flattens', async () => {
+    const root = mkdtempSync(join(tmpdir(), 'svc-env-flatten-stop-'));
+    const dir = join(root, 'environment');
+    const stopping = new AbortController();
+    const store = new EnvironmentStore(dir, policy, () => undefined, { signal: stopping.signal });
+    await store.init('first', async (layer) => writeFileSync(join(layer, 'n.txt'), '0\n'));
+    for (let index = 1; store.current()!.layers.length < MAX_LAYERS; index++) await store.change(`change ${index}`, async (change) => sh(change.fork, `echo ${index} > n.txt`));
+    stopping.abort();
+    // This change makes the stack too deep: it is published, and its flattening (a whole copy) is stopped.
+    const { version } = await store.change('past the limit', async (change) => sh(change.fork, 'echo last > n.txt'));
+    expect(version.layers).toHaveLength(MAX_LAYERS + 1);
+    expect(store.current()!.version).toBe(version.version);
+    expect(await store.readFile(version, 'n.txt')).toBe('last\n');
+    expect(readdirSync(join(dir, 'changes'))).toEqual([]);
+    expect(readdirSync(join(dir, 'layers')).map((entry) => join(dir, 'layers', entry)).sort()).toEqual([...version.layers].sort());
+    // The next process's next change flattens the stack.
+    const { version: next } = await new EnvironmentStore(dir, policy).change('next', async (change) => sh(change.fork, 'echo next > n.txt'));
+    expect(next.record.reason).toMatch(/^Flatten version \d+$/);
+    expect(next.layers).toHaveLength(1);
+    expect(await store.readFile(next, 'n.txt')).toBe('next\n');
   });
 
   it('never collects a layer on its way to being published, however old its files are', async () => {
@@ -332,6 +392,40 @@ describe.each(testDrivers)('environments catching up on %s', (driver) => {
     expect(await environmentHead(workspace.id)).toBe(current.record.heads['.']);
     const bare = join(api.dataDir, 'codehost', workspace.id, 'svc/environment.git');
     expect(gitIn(bare, 'rev-list', '--count', `${before}..main`).trim()).toBe('1');
+  });
+
+  it('pushes a published config commit the code host missed on a later sweep, publishing no identical version meanwhile', async () => {
+    const { workspace } = await api.newTenant();
+    await api.environments.ensure(workspace);
+    const before = await environmentHead(workspace.id);
+    const host = api.environments.codeHost;
+    const receiveBranch = host.receiveBranch.bind(host);
+    // The version is published, then the connection to the code host breaks: svc/environment there is
+    // one commit behind the environment's.
+    host.receiveBranch = async () => {
+      throw new Error('the connection to the code host was interrupted');
+    };
+    try {
+      const config = parseEnvironmentConfig(api.environments.current(workspace.id)!.record.config);
+      await expect(api.environments.setConfig(workspace, JSON.stringify({ ...config, network: true }))).rejects.toThrow('interrupted');
+      const published = api.environments.current(workspace.id)!;
+      expect(published.record.reason).toBe('Edit the environment config');
+      expect(await environmentHead(workspace.id)).toBe(before);
+      // While the code host stays unreachable, sweeps find nothing to bring and publish nothing.
+      await api.environments.sweep();
+      await api.environments.sweep();
+      expect(api.environments.current(workspace.id)!.version).toBe(published.version);
+    } finally {
+      host.receiveBranch = receiveBranch;
+    }
+    // Once it is back, the sweep pushes the commit the environment has.
+    await api.environments.sweep();
+    const current = api.environments.current(workspace.id)!;
+    expect(current.record.reason).toBe('Edit the environment config');
+    expect(await environmentHead(workspace.id)).toBe(current.record.heads['.']);
+    expect(await environmentHead(workspace.id)).not.toBe(before);
+    await api.environments.sweep();
+    expect(api.environments.current(workspace.id)!.version).toBe(current.version);
   });
 
   it('leaves the code host as it was when connecting a repository fails before its version is published', async () => {

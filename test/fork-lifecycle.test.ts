@@ -1,5 +1,5 @@
 import { randomBytes } from 'node:crypto';
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, utimesSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { eq, sql } from 'drizzle-orm';
@@ -277,21 +277,25 @@ describe.each(testDrivers)('fork lifecycle on %s', (driver) => {
     writeFileSync(join(environmentRoot, 'web', 'a.txt'), 'legacy\n');
     writeFileSync(`${environmentRoot}.version`, 'in-place-2');
     // Forks of it as they were kept then: an overlay upper with the fork's own change, and beside it the
-    // environment's in-place version when the fork was made (no record of a version).
-    const legacyFork = async (lifecycleOf: ForkLifecycle, forkHost: string, marker: string) => {
+    // environment's in-place version when the fork was made (no record of a version), or nothing at all
+    // (a fork older than that marker).
+    const legacyFork = async (lifecycleOf: ForkLifecycle, forkHost: string, marker: string | null) => {
       const task = await newTask();
       const { fork } = await acquire(lifecycleOf, task);
       expect(fork.info.mode).toBe('overlay');
       await sh(fork, 'echo mine > web/b.txt');
       await lifecycleOf.release(fork);
       rmSync(`${dirOf(forkHost, task.slug)}.lower`);
-      writeFileSync(`${dirOf(forkHost, task.slug)}.lower-version`, marker);
+      if (marker !== null) writeFileSync(`${dirOf(forkHost, task.slug)}.lower-version`, marker);
       return task;
     };
     const current = await legacyFork(forksOf, host, 'in-place-2');
     const outdated = await legacyFork(forksOf, host, 'in-place-1');
     const archived = await legacyFork(archiving, archivingHost, 'in-place-2');
+    const unmarked = await legacyFork(forksOf, host, null);
     await tickUntil([archiving], archived.slug, 'archived');
+    // Archived only once the environment is version 1: its archive is newer than version 1, its files are not.
+    const unmarkedArchived = await legacyFork(archiving, archivingHost, null);
     // Until they are resumed, their markers keep the first version from being collected.
     expect(ForkLifecycle.versionsInUse(forksParent, workspaceId).has(1)).toBe(true);
 
@@ -299,6 +303,11 @@ describe.each(testDrivers)('fork lifecycle on %s', (driver) => {
     const first = await store.init('never used', async () => {
       throw new Error('an environment from before versions is adopted, not built');
     });
+    await tickUntil([archiving], unmarkedArchived.slug, 'archived');
+    // A fork without a marker made after the environment became version 1 was not made from it.
+    const newer = await legacyFork(forksOf, host, null);
+    const later = new Date(Date.parse(first.record.createdAt) + 60_000);
+    utimesSync(join(dirOf(host, newer.slug), 'upper'), later, later);
     const resumed = await acquire(forksOf, current, first);
     expect(resumed).toMatchObject({ fresh: false, outdated: false });
     expect(await sh(resumed.fork, 'cat web/a.txt web/b.txt')).toBe('legacy\nmine\n');
@@ -310,6 +319,18 @@ describe.each(testDrivers)('fork lifecycle on %s', (driver) => {
     expect(restored).toMatchObject({ fresh: false, outdated: false });
     expect(await sh(restored.fork, 'cat web/a.txt web/b.txt')).toBe('legacy\nmine\n');
     await archiving.release(restored.fork);
+
+    // Forks without a marker resume when their files are older than version 1, archived or not.
+    for (const [lifecycleOf, task] of [[forksOf, unmarked], [archiving, unmarkedArchived]] as const) {
+      const unmarkedResumed = await acquire(lifecycleOf, task, first);
+      expect(unmarkedResumed).toMatchObject({ fresh: false, outdated: false });
+      expect(await sh(unmarkedResumed.fork, 'cat web/a.txt web/b.txt')).toBe('legacy\nmine\n');
+      await lifecycleOf.release(unmarkedResumed.fork);
+    }
+    const notResumed = await acquire(forksOf, newer, first);
+    expect(notResumed.fresh).toBe(true);
+    expect(await sh(notResumed.fork, 'cat web/b.txt 2>/dev/null; cat web/a.txt')).toBe('legacy\n');
+    await forksOf.release(notResumed.fork);
 
     // The environment had changed under this one already: it starts over, and its marker goes.
     const fresh = await acquire(forksOf, outdated, first);
@@ -375,5 +396,23 @@ describe.each(testDrivers)('fork lifecycle on %s', (driver) => {
     const after = failures;
     await new Promise((resolve) => setTimeout(resolve, 100));
     expect(failures).toBe(after);
+  });
+});
+
+describe('versions forks use', () => {
+  it('counts the first version in use for a fork, or its archive, with no record of its version', () => {
+    const forksParent = mkdtempSync(join(tmpdir(), 'svc-forks-in-use-'));
+    const workspace = join(forksParent, 'host-a', 'acme');
+    mkdirSync(join(workspace, 'recorded'), { recursive: true });
+    writeFileSync(join(workspace, 'recorded.lower'), JSON.stringify({ version: 5, layers: ['/nowhere'] }));
+    expect([...ForkLifecycle.versionsInUse(forksParent, 'acme')]).toEqual([5]);
+    // Made before versions and before their marker: it may resume on the first version.
+    mkdirSync(join(workspace, 'unmarked'));
+    expect([...ForkLifecycle.versionsInUse(forksParent, 'acme')].sort()).toEqual([1, 5]);
+    rmSync(join(workspace, 'unmarked'), { recursive: true });
+    writeFileSync(join(workspace, 'unmarked.tar.gz'), '');
+    expect([...ForkLifecycle.versionsInUse(forksParent, 'acme')].sort()).toEqual([1, 5]);
+    rmSync(join(workspace, 'unmarked.tar.gz'));
+    expect([...ForkLifecycle.versionsInUse(forksParent, 'acme')]).toEqual([5]);
   });
 });

@@ -95,7 +95,9 @@ export class Environments {
   store(workspaceId: string): EnvironmentStore {
     let store = this.stores.get(workspaceId);
     if (!store) {
-      store = new EnvironmentStore(environmentDir(this.options.dataDir, workspaceId), this.options.policy, (message) => this.options.logger.info(message));
+      store = new EnvironmentStore(environmentDir(this.options.dataDir, workspaceId), this.options.policy, (message) => this.options.logger.info(message), {
+        signal: this.stopping.signal,
+      });
       this.stores.set(workspaceId, store);
     }
     return store;
@@ -195,7 +197,8 @@ export class Environments {
   /**
    * Fast-forwards every working copy that is behind its code-host default branch (a merge landed), as one
    * new version. Runs no setup. A working copy that cannot fast-forward is left as it is, logged, and not
-   * tried again until its branch moves.
+   * tried again until its branch moves; so is one ahead of its branch (nothing to bring), except
+   * `svc/environment`'s: its commits the code host lacks are pushed there (`pushEnvironmentRepository`).
    */
   async refresh(workspaceId: string): Promise<EnvironmentVersion | null> {
     const current = this.current(workspaceId);
@@ -204,22 +207,33 @@ export class Environments {
     const pending = await this.behind(workspaceId, current, repositories);
     if (pending.length === 0) return current;
     const names = pending.map(({ repository }) => repository.fullName).join(', ');
+    const found = { environmentAhead: false };
     const { version } = await this.change(workspaceId, `Update ${names}`, async (change) => {
       let moved = 0;
+      found.environmentAhead = false;
       for (const { repository, head } of await this.behind(workspaceId, change.base, repositories)) {
-        if (await this.fastForward(change.fork, repository, change.base.record.heads[repository.dir] ?? null)) moved += 1;
+        const outcome = await this.fastForward(change.fork, repository, change.base.record.heads[repository.dir] ?? null);
+        // Only a working copy whose commit changed makes the new version differ from its base.
+        if (outcome === 'moved') moved += 1;
+        else if (outcome === 'ahead' && repository.fullName === ENVIRONMENT_REPOSITORY) found.environmentAhead = true;
         else this.stuck.add(`${workspaceId} ${repository.dir} ${head}`);
       }
       change.discard = moved === 0;
     });
+    if (found.environmentAhead) await this.pushEnvironmentRepository(workspaceId);
     return version;
   }
 
-  /** Brings one working copy of a change up to its code-host default branch; false when it could not. */
-  private async fastForward(fork: Fork, repository: RepositoryRow, from: string | null): Promise<boolean> {
+  /**
+   * Brings one working copy of a change up to its code-host default branch: `moved` when its commit
+   * changed, `ahead` when it has the branch already (a merge --ff-only onto an ancestor does nothing and
+   * succeeds), `failed` when it could not.
+   */
+  private async fastForward(fork: Fork, repository: RepositoryRow, from: string | null): Promise<'moved' | 'ahead' | 'failed'> {
     // A working copy's commit the code host lacks (an operator's own) cannot bound the bundle.
     const base = from && (await this.codeHost.resolve(repository.workspaceId, repository.fullName, from)) ? from : null;
     try {
+      const before = await headIn(fork, repository.dir);
       await bringBranch(fork, this.codeHost, {
         workspaceId: repository.workspaceId,
         fullName: repository.fullName,
@@ -229,10 +243,39 @@ export class Environments {
         bundleName: `update-${repository.id}.bundle`,
         apply: 'fast-forward',
       });
-      return true;
+      return (await headIn(fork, repository.dir)) === before ? 'ahead' : 'moved';
     } catch (error) {
       this.options.logger.warn({ err: error, repository: repository.fullName }, 'the environment working copy cannot fast-forward to its default branch; left as it is');
-      return false;
+      return 'failed';
+    }
+  }
+
+  /**
+   * Pushes `svc/environment` commits of the current version that the code host lacks (forward only): a
+   * change published its version, then failed to push its config commit (an interrupted connection). The
+   * bundle is made in a throwaway change, of what the version has committed and nothing else.
+   */
+  private async pushEnvironmentRepository(workspaceId: string): Promise<void> {
+    const staged: { commit: { head: string; bundle: string } | null; version: string | null } = { commit: null, version: null };
+    try {
+      await this.change(workspaceId, `Push ${ENVIRONMENT_REPOSITORY}`, async (change) => {
+        change.discard = true;
+        staged.version = change.base.record.heads[ENVIRONMENT_DIR] ?? null;
+        // Whatever else lies in the environment's root (setup leftovers) stays out of the commit bundled.
+        const cleaned = await change.fork.run(['sh', '-c', 'git reset --quiet --hard && git clean -fdq'], { timeoutMs: 120_000 });
+        if (cleaned.exitCode !== 0) throw new Error(`cleaning the ${ENVIRONMENT_REPOSITORY} working copy failed: ${cleaned.stderr.trim()}`);
+        const known = await this.codeHost.knownCommits(workspaceId, ENVIRONMENT_REPOSITORY, [ENVIRONMENT_BRANCH]);
+        staged.commit = await commitAndBundle(change.fork, { dir: ENVIRONMENT_DIR, known, message: 'unused: nothing is left to commit', bundleName: 'environment.bundle' });
+      });
+      // Only the commit the version has checked out (what its record says) goes to the code host.
+      const { commit } = staged;
+      if (!commit || commit.head !== staged.version) return;
+      await this.codeHost.receiveBranch(workspaceId, ENVIRONMENT_REPOSITORY, commit.bundle, ENVIRONMENT_BRANCH, commit.head, { fastForwardOnly: true });
+      this.options.logger.info({ workspaceId, head: commit.head }, `the environment's ${ENVIRONMENT_REPOSITORY} commits reached the code host`);
+    } catch (error) {
+      this.options.logger.warn({ err: error, workspaceId }, `pushing the environment's ${ENVIRONMENT_REPOSITORY} commits to the code host failed; the next sweep tries again`);
+    } finally {
+      if (staged.commit) await rm(dirname(staged.commit.bundle), { recursive: true, force: true });
     }
   }
 
@@ -433,7 +476,7 @@ export class Environments {
     const repository = await findRepository(this.db, workspaceId, ENVIRONMENT_REPOSITORY);
     const head = await this.codeHost.resolve(workspaceId, ENVIRONMENT_REPOSITORY, `refs/heads/${ENVIRONMENT_BRANCH}`);
     const from = change.base.record.heads[ENVIRONMENT_DIR] ?? null;
-    if (repository && head && head !== from && !(await this.fastForward(change.fork, repository, from))) {
+    if (repository && head && head !== from && (await this.fastForward(change.fork, repository, from)) === 'failed') {
       throw new ConflictError(`the environment's ${ENVIRONMENT_REPOSITORY} working copy cannot catch up with the code host`);
     }
   }

@@ -30,16 +30,29 @@
  * A fork made before environment versions has no `.lower` record of its version (an overlay fork may
  * have a `.lower-version` marker instead). It is resumed on the layer its environment was moved into
  * when that environment became version 1 (`EnvironmentStore.legacyLower`), and gets a `.lower` record;
- * until then its marker keeps version 1 from being collected.
+ * until then it keeps version 1 from being collected (a fork without a record may resume on it). One
+ * without a marker either (older than the marker) is resumed only when its files are older than version
+ * 1: a newer one was not made from it. A legacy fork is given its record before it is archived too, since
+ * the archive is newer than its files.
  */
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
-import { rename, rm, writeFile } from 'node:fs/promises';
+import { rename, rm, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { and, eq, isNull } from 'drizzle-orm';
 import type { Logger } from 'pino';
 import { readProcessRecords, stopRecordedProcesses, type ProcessRecord } from '../sandbox/dev-servers.js';
 import { EnvironmentStore, LEGACY_LOWER_SUFFIX, LEGACY_VERSION, sameFiles, type VersionRecord } from '../sandbox/environment-versions.js';
-import { type EnvironmentSnapshot, type Fork, ForkManager, LOWER_SUFFIX, readSnapshot, sandboxCapabilities, type ForkMode, type SandboxPolicy } from '../sandbox/fork.js';
+import {
+  type EnvironmentSnapshot,
+  type Fork,
+  FORK_NAME,
+  ForkManager,
+  LOWER_SUFFIX,
+  readSnapshot,
+  sandboxCapabilities,
+  type ForkMode,
+  type SandboxPolicy,
+} from '../sandbox/fork.js';
 import type { Database } from '../store/db.js';
 import {
   dueCondition,
@@ -110,6 +123,8 @@ class ClaimLostError extends Error {
 }
 
 const DEFAULT_CLAIM_LEASE_MS = 5 * 60_000;
+/** A fork's archive beside its directory (ForkManager.archiveOf). */
+const ARCHIVE_SUFFIX = '.tar.gz';
 const WAIT_FOR_MOVE_MS = 200;
 const MAX_ACQUIRE_ROUNDS = 10_000;
 
@@ -228,10 +243,13 @@ export class ForkLifecycle {
   private async adoptLegacyLower(manager: ForkManager, row: ForkRow): Promise<void> {
     if (!this.options.environmentsRoot || (row.mode as ForkMode) !== 'overlay' || manager.lowerOf(row.name)) return;
     const dir = manager.dirOf(row.name);
-    if (!existsSync(dir) && !existsSync(manager.archiveOf(row.name))) return;
+    // When its files last changed at their top: the upper dir (the fork's directory itself also changes
+    // when its dev servers are recorded or stopped), or else the archive's time.
+    const filesAt = [join(dir, 'upper'), dir, manager.archiveOf(row.name)].find((path) => existsSync(path));
+    if (!filesAt) return;
     const marker = existsSync(`${dir}${LEGACY_LOWER_SUFFIX}`) ? readFileSync(`${dir}${LEGACY_LOWER_SUFFIX}`, 'utf8') : null;
     const store = new EnvironmentStore(join(this.options.environmentsRoot, row.workspaceId), this.options.policy);
-    const lower = await store.legacyLower(marker);
+    const lower = await store.legacyLower({ marker, changedAt: (await stat(filesAt)).mtimeMs });
     if (!lower) return;
     await writeFile(`${dir}${LOWER_SUFFIX}.tmp`, JSON.stringify(lower));
     await rename(`${dir}${LOWER_SUFFIX}.tmp`, `${dir}${LOWER_SUFFIX}`);
@@ -280,8 +298,11 @@ export class ForkLifecycle {
       const dir = join(forksParent, host, workspaceId);
       if (!existsSync(dir)) continue;
       for (const entry of readdirSync(dir)) {
-        // A fork from before versions, not yet resumed: it may resume on the first version.
+        // A fork from before versions, not yet resumed: it may resume on the first version. So may a fork
+        // (its directory or its archive) with no record at all, older than the marker.
         if (entry.endsWith(LEGACY_LOWER_SUFFIX)) versions.add(LEGACY_VERSION);
+        const fork = entry.endsWith(ARCHIVE_SUFFIX) ? entry.slice(0, -ARCHIVE_SUFFIX.length) : entry;
+        if (FORK_NAME.test(fork) && !readSnapshot(join(dir, `${fork}${LOWER_SUFFIX}`))) versions.add(LEGACY_VERSION);
         if (!entry.endsWith(LOWER_SUFFIX)) continue;
         const snapshot = readSnapshot(join(dir, entry));
         // A record that cannot be read protects nothing; its fork is made fresh when next acquired.
@@ -384,6 +405,8 @@ export class ForkLifecycle {
     }, Math.max(50, Math.floor(this.durations.claimLeaseMs / 3)));
     try {
       await stopRecordedProcesses(manager.dirOf(claimed.name), records);
+      // An archive is newer than the files of a fork from before versions: they are judged before it.
+      await this.adoptLegacyLower(manager, claimed);
       await manager.archive(claimed.name, claimed.mode as ForkMode, async () => {
         await renewal;
         await renew();

@@ -20,6 +20,11 @@
  * from the new current version. Without overlay mounts every version is one whole copy (slower, made
  * only on a change), so the forks of that host (copies themselves) work as before.
  *
+ * A change keeps the version it is made from (its fork's `.lower` record, like a task fork's), so that
+ * collection leaves its files alone however long its setup takes; and a version is published only above
+ * every version there is, so that a change made from a version collection has since deleted (its number
+ * free again) is made again on the current one instead of publishing behind it.
+ *
  * Collection (`collect`) deletes layers no version refers to, which includes a layer about to be
  * published. So a layer enters `layers/` only with a fresh time (touched just before it moves there,
  * whatever the times of the files it was made from), collection spares layers younger than a grace
@@ -36,7 +41,19 @@ import { randomBytes } from 'node:crypto';
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { chmod, link, mkdir, readdir, rename, rm, stat, unlink, utimes, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
-import { directSandbox, Fork, ForkManager, lowerdirOption, runProcessGroup, sandboxCapabilities, type EnvironmentSnapshot, type RunResult, type SandboxPolicy } from './fork.js';
+import {
+  directSandbox,
+  Fork,
+  ForkManager,
+  LOWER_SUFFIX,
+  lowerdirOption,
+  readSnapshot,
+  runProcessGroup,
+  sandboxCapabilities,
+  type EnvironmentSnapshot,
+  type RunResult,
+  type SandboxPolicy,
+} from './fork.js';
 
 /** What a version holds and what is known about it. Paths of layers are stored relative to `layers/`. */
 export interface VersionRecord {
@@ -112,17 +129,22 @@ export function sameFiles(version: EnvironmentSnapshot & { record?: Pick<Version
 export class EnvironmentStore {
   private readonly changes: ForkManager;
   private readonly overlay: boolean;
+  private readonly signal: AbortSignal | undefined;
 
   constructor(
     /** `environments/<workspace id>`. */
     readonly root: string,
     private readonly policy: SandboxPolicy,
     private readonly log: (message: string) => void = () => undefined,
-    /** Whether changes are overlay layers (default: where overlay mounts work) or whole copies. */
-    options: { overlay?: boolean } = {},
+    /**
+     * `overlay`: whether changes are overlay layers (default: where overlay mounts work) or whole copies.
+     * `signal`: the process shuts down; a flattening under way (a copy of the whole environment) stops.
+     */
+    options: { overlay?: boolean; signal?: AbortSignal } = {},
   ) {
     this.changes = new ForkManager(join(root, 'changes'), policy, log);
     this.overlay = options.overlay ?? sandboxCapabilities().overlay;
+    this.signal = options.signal;
   }
 
   private get layersDir(): string {
@@ -157,7 +179,8 @@ export class EnvironmentStore {
   /**
    * Moves a finished layer (`from`, outside `layers/`) into `layers/<id>` and publishes `record` on it, in
    * turn with collection; the layer gets a fresh time first, so that a collection in another process
-   * spares it until its version exists. Null when that version exists already (the layer is removed).
+   * spares it until its version exists. Null when that version or a newer one exists already (the layer
+   * is removed).
    */
   private async publishLayer(from: string, id: string, record: VersionRecord): Promise<EnvironmentVersion | null> {
     return this.exclusively(async () => {
@@ -273,13 +296,17 @@ export class EnvironmentStore {
    * The version a fork made before versions existed was made from: the environment as it was moved into
    * its `legacy-*` layer (version 1), touched as in use. `marker` is what the fork recorded beside it
    * then (`.lower-version`: the environment's in-place version, kept in `<root>.version`), or null for a
-   * fork older than that record. Null when this environment was not adopted, that version is gone, or
-   * the environment had changed in place since the fork was made (the fork was already outdated then).
+   * fork older than that record; `changedAt` is when the fork's files last changed (ms). Null when this
+   * environment was not adopted, that version is gone, the environment had changed in place since the
+   * fork was made (the fork was already outdated then), or a fork without a marker is newer than version
+   * 1 (it cannot have been made from the environment as it was moved).
    */
-  async legacyLower(marker: string | null): Promise<EnvironmentSnapshot | null> {
+  async legacyLower(fork: { marker: string | null; changedAt: number }): Promise<EnvironmentSnapshot | null> {
+    const { marker } = fork;
     const version = this.read(LEGACY_VERSION);
     const layer = version?.record.layers.length === 1 && version.record.layers[0]!.startsWith(LEGACY_LAYER_PREFIX) ? version.layers[0]! : null;
-    if (!layer || !existsSync(layer)) return null;
+    if (!version || !layer || !existsSync(layer)) return null;
+    if (marker === null && !(fork.changedAt < Date.parse(version.record.createdAt))) return null;
     if (marker !== null) {
       let adopted = '0';
       try {
@@ -323,7 +350,7 @@ export class EnvironmentStore {
         };
         const published = await this.publishLayer(fork.changesDir, layer, record);
         if (!published) {
-          this.log(`environment ${this.root}: version ${record.version} was published by another change first; applying "${reason}" again`);
+          this.log(`environment ${this.root}: version ${record.version} or a newer one was published by another change first; applying "${reason}" again`);
           continue;
         }
         return { version: layers.length > MAX_LAYERS ? await this.flattenPublished(published) : published, result };
@@ -334,8 +361,15 @@ export class EnvironmentStore {
     throw new EnvironmentConflictError(reason);
   }
 
-  /** Creates the version file exclusively: null when that version exists already. */
+  /**
+   * Creates the version file exclusively: null when that version, or a newer one, exists already. A
+   * number below the newest may be free again (collection deleted that version): a change made from the
+   * version before it is behind the current one all the same.
+   */
   private async publish(record: VersionRecord): Promise<EnvironmentVersion | null> {
+    // Collection never deletes the newest version, so the newest number only grows: checked here, with
+    // the exclusive link below, no version is ever published behind the current one.
+    if (record.version <= (this.versionNumbers().at(-1) ?? 0)) return null;
     const temporary = join(this.versionsDir, `.${record.version}.${newId()}.tmp`);
     await writeFile(temporary, `${JSON.stringify(record, null, 2)}\n`);
     try {
@@ -425,13 +459,16 @@ export class EnvironmentStore {
     const [mount, target] = [join(work, 'mount'), join(work, 'layer')];
     await mkdir(mount, { recursive: true, mode: 0o700 });
     await mkdir(target);
+    // The version copied stays while it is copied, as a change's base does (collection reads this).
+    await writeFile(`${work}${LOWER_SUFFIX}`, JSON.stringify({ version: version.version, layers: version.layers }));
     try {
       // A read-only overlay of the lower layers alone (no upper) shows the version; cp -a keeps everything.
+      // A shutdown kills the copy: the version stands unflattened, and a later change flattens it.
       const result = await runProcessGroup(
         ['unshare', '-m', '--propagation', 'private', 'sh', '-c', 'mount -t overlay overlay -o "lowerdir=$1" "$2" && cp -a "$2/." "$3/"', 'sh', lowerdirOption(version), mount, target],
-        { timeoutMs: 60 * 60_000 },
+        { timeoutMs: 60 * 60_000, ...(this.signal ? { signal: this.signal } : {}) },
       );
-      if (result.exitCode !== 0) throw new Error(`flattening version ${version.version} failed: ${result.stderr.trim()}`);
+      if (result.exitCode !== 0) throw new Error(`flattening version ${version.version} failed: ${result.stderr.trim() || `exit ${result.exitCode ?? result.signal}`}`);
       const published = await this.publishLayer(target, id, {
         ...version.record,
         version: version.version + 1,
@@ -445,17 +482,33 @@ export class EnvironmentStore {
       return published;
     } finally {
       await rm(work, { recursive: true, force: true });
+      await rm(`${work}${LOWER_SUFFIX}`, { force: true });
     }
   }
 
+  /** The versions the changes under way (and flattenings) are made from: recorded beside each, as forks record theirs. */
+  private changeBases(): Set<number> {
+    const changes = join(this.root, 'changes');
+    const bases = new Set<number>();
+    if (!existsSync(changes)) return bases;
+    for (const entry of readdirSync(changes)) {
+      if (!entry.endsWith(LOWER_SUFFIX)) continue;
+      const snapshot = readSnapshot(join(changes, entry));
+      if (snapshot) bases.add(snapshot.version);
+    }
+    return bases;
+  }
+
   /**
-   * Deletes versions no fork uses (`inUse`: the versions recorded beside every fork of the workspace, on
-   * any host) and that were superseded more than a grace period ago, then the layers no version left
-   * refers to, and changes abandoned by a process that died.
+   * Deletes versions no fork uses (`forksInUse`: the versions recorded beside every fork of the workspace,
+   * on any host), no change under way is made from, and that were superseded more than a grace period ago,
+   * then the layers no version left refers to, and changes abandoned by a process that died.
    */
-  async collect(inUse: ReadonlySet<number>, now: number = Date.now()): Promise<{ versions: number; layers: number }> {
+  async collect(forksInUse: ReadonlySet<number>, now: number = Date.now()): Promise<{ versions: number; layers: number }> {
     const changes = join(this.root, 'changes');
     const { versions, doomed } = await this.exclusively(async () => {
+      // A change's setup may run for half an hour: its base stays until it has published or failed.
+      const inUse = new Set([...forksInUse, ...this.changeBases()]);
       const numbers = this.versionNumbers();
       const current = numbers.at(-1);
       let versions = 0;
