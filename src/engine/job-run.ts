@@ -23,8 +23,8 @@ import { listRepositories, type RepositoryRow } from '../store/repositories.js';
 import type { CheckProof } from '../store/schema.js';
 import { listMessages, type JobRow, type PullRequestRow, type TaskRow } from '../store/tasks.js';
 import { findWorkspace } from '../store/workspaces.js';
-import { bringBranch, clearTransfers, commitAndBundle, inspectRepositories, KNOWN_IN_FORK, proofMarkdown, restoreBranch, runChecks, targetArgument } from './delivery.js';
-import type { Environments } from './environments.js';
+import { bringBranch, clearTransfers, commitAndBundle, inspectRepositories, KNOWN_IN_FORK, proofMarkdown, restoreBranch, runChecks, targetArgument, TRANSFER_DIR } from './delivery.js';
+import { ENVIRONMENT_DIR, type Environments } from './environments.js';
 import { Handoff } from './runners/delegation.js';
 import { assertJobHeld, type JobResult } from './jobs.js';
 
@@ -57,6 +57,12 @@ export interface JobRunDeps {
 
 /** Extra agent rounds after failed checks in `agent` and `dev_env` mode. */
 export const CHECK_FIX_ROUNDS = 2;
+/**
+ * Ignored directories that hold what installs and builds make again (dependencies, build output, caches):
+ * a fresh fork has the environment's own, so what the agent left in them is not work a renewal loses.
+ * Any other ignored file in a fork counts as work (docs/execution.md "Forks").
+ */
+const REGENERATED_DIRS = ['node_modules', 'dist', 'build', 'out', 'target', '.cache', '__pycache__', '.venv', 'venv', '.next', '.nuxt', '.turbo', '.parcel-cache', '.pytest_cache', '.mypy_cache', '.ruff_cache', '.tox', '.gradle', 'coverage', '.nyc_output'];
 /** A goal's check, written on a line of the task: `check: npm test -- login`. */
 const GOAL_CHECK = /^\s*(?:goal\s+)?check:\s*(.+?)\s*$/im;
 /** The proofs key of a goal's own check (no repository directory is empty). */
@@ -186,28 +192,43 @@ export class JobRun {
 
   /**
    * What a fresh fork would lose, by repository directory: uncommitted changes, commits the code host lacks
-   * on HEAD, a stash, any other branch or tag with commits the code host lacks, and work set aside from a
-   * closed pull request (`svc-closed/*`, kept whatever it points at: the agent was told it is there).
-   * Refs that cannot be read count as work too.
+   * on HEAD, a stash, any other branch or tag with commits the code host lacks, work set aside from a
+   * closed pull request (`svc-closed/*`, kept whatever it points at: the agent was told it is there), and
+   * ignored files outside dependency and build directories (`REGENERATED_DIRS`: a `.env.local` the agent
+   * wrote). A repository whose HEAD is unborn is looked at all the same. Refs or a working tree that
+   * cannot be read count as work too.
    */
   private async unsavedWork(fork: Fork, targets: Target[]): Promise<Map<string, string[]>> {
     const unsaved = new Map<string, string[]>();
     const add = (dir: string, what: string) => unsaved.set(dir, [...(unsaved.get(dir) ?? []), what]);
+    // It skips a repository whose HEAD is unborn: the script below looks at that one's working tree.
     for (const state of await inspectRepositories(fork, targets, this.input.signal)) {
       if (state.dirty) add(state.dir, 'uncommitted changes');
       if (state.ahead > 0) add(state.dir, `${state.ahead} commit${state.ahead === 1 ? '' : 's'} the code host lacks`);
     }
     if (targets.length === 0) return unsaved;
+    const regenerated = REGENERATED_DIRS.flatMap((name) => [`*/${name}`, `*/${name}/*`]).join('|');
     const script = [
       'for t in "$@"; do',
       '  d=${t%%:*}; shas=${t#*:}',
-      '  cd "/workspace/$d" 2>/dev/null && git rev-parse -q --verify HEAD >/dev/null || continue',
+      '  cd "/workspace/$d" 2>/dev/null || continue',
       `  ${KNOWN_IN_FORK}`,
+      // Captured first: the status of a pipeline is its last command's, which would hide git's failure.
+      '  refs=$(git for-each-ref --format="%(refname)" refs/heads refs/tags) || { printf "%s\trefs that could not be read\n" "$d"; continue; }',
+      '  st=$(git -c core.quotePath=false status --porcelain --ignored=matching) || { printf "%s\ta working tree that could not be read\n" "$d"; continue; }',
+      '  git rev-parse -q --verify HEAD >/dev/null || { printf "%s\n" "$st" | grep -q "^[^!]" && printf "%s\tuncommitted changes\n" "$d"; }',
+      '  printf "%s\n" "$st" | while IFS= read -r l; do',
+      '    case "$l" in "!! "*) p=${l#"!! "};; *) continue;; esac',
+      `    case "/$p" in ${regenerated}) continue;; esac`,
+      // The environment's root ignores svc's transfers and the working copies, each looked at on its own.
+      `    [ "$d" = '${ENVIRONMENT_DIR}' ] && { [ "$p" = '${TRANSFER_DIR}/' ] || [ -e "$p.git" ]; } && continue`,
+      '    printf "%s\tignored %s %s\n" "$d" "$(case "$p" in */) echo directory;; *) echo file;; esac)" "${p%/}"',
+      '  done',
       '  git rev-parse -q --verify refs/stash >/dev/null && printf "%s\tstash\n" "$d"',
       // The checked-out branch is HEAD, counted above.
       '  h=$(git symbolic-ref -q HEAD)',
-      '  git for-each-ref --format="%(refname)" refs/heads refs/tags | while read -r r; do',
-      '    case "$r" in refs/heads/svc-closed/*) printf "%s\tset-aside branch %s\n" "$d" "${r#refs/heads/}"; continue;; esac',
+      '  printf "%s\n" "$refs" | while read -r r; do',
+      '    case "$r" in "") continue;; refs/heads/svc-closed/*) printf "%s\tset-aside branch %s\n" "$d" "${r#refs/heads/}"; continue;; esac',
       '    [ "$r" = "$h" ] && continue',
       '    n=$(git rev-list --count "$r" --not $nots 2>/dev/null) || n=unknown',
       '    [ "$n" = 0 ] || printf "%s\t%s %s\n" "$d" "$(case "$r" in refs/tags/*) echo tag;; *) echo branch;; esac)" "${r#refs/*/}"',
