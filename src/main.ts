@@ -127,6 +127,7 @@ function makeExecutor(config: Config, database: Database, forks: ForkLifecycle, 
     concurrency: config.executorConcurrency,
     leaseMs: config.jobLeaseMs,
     pollMs: 5_000,
+    runDir: join(config.dataDir, 'run'),
     logger: logger.child({ component: 'executor' }),
   });
 }

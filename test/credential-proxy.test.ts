@@ -1,7 +1,8 @@
-import { existsSync, statSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, rmSync, statSync } from 'node:fs';
 import { createServer, request as httpRequest, type IncomingHttpHeaders, type Server } from 'node:http';
 import { connect, createServer as createNetServer, type AddressInfo } from 'node:net';
-import { dirname } from 'node:path';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { CredentialProxy, type CredentialLease } from '../src/agents/credential-proxy.js';
 
@@ -224,7 +225,48 @@ describe('the credential proxy', () => {
     expect(existsSync(dirname(lease.socketPath))).toBe(false);
   });
 
-  it('survives errors after it started: on its server and on broken client connections', async () => {
+  it('keeps its socket in a directory of its own under the run dir, both private to the service user', async () => {
+    const base = mkdtempSync(join(tmpdir(), 'svc-run-'));
+    const runDir = join(base, 'run');
+    // Made by someone else already, open to others: the proxy closes it.
+    mkdirSync(runDir, { mode: 0o755 });
+    const own = new CredentialProxy({ runDir });
+    try {
+      const lease = await own.lease({ upstreamBaseUrl: upstreamUrl, headers: {}, paths: ['GET /v1/messages'] });
+      expect(dirname(dirname(lease.socketPath))).toBe(runDir);
+      expect(statSync(runDir).mode & 0o777).toBe(0o700);
+      expect(statSync(dirname(lease.socketPath)).mode & 0o777).toBe(0o700);
+      expect(statSync(lease.socketPath).isSocket()).toBe(true);
+      expect((await fetch(`${await baseUrlOf(lease)}/v1/messages`)).status).toBe(201);
+      await own.close();
+      // Its own directory goes with it; the run dir stays for the next one.
+      expect(existsSync(dirname(lease.socketPath))).toBe(false);
+      expect(existsSync(runDir)).toBe(true);
+    } finally {
+      await own.close();
+      rmSync(base, { recursive: true, force: true });
+    }
+  });
+
+  it('falls back to the temporary directory, saying why, when the run dir is too long for a socket path', async () => {
+    const base = mkdtempSync(join(tmpdir(), 'svc-run-'));
+    const runDir = join(base, 'd'.repeat(90), 'run');
+    const warnings: string[] = [];
+    const own = new CredentialProxy({ runDir, logger: { warn: (details, message) => warnings.push(`${message} ${JSON.stringify(details)}`) } });
+    try {
+      const lease = await own.lease({ upstreamBaseUrl: upstreamUrl, headers: {}, paths: ['GET /v1/messages'] });
+      expect(dirname(dirname(lease.socketPath))).toBe(tmpdir());
+      expect(statSync(dirname(lease.socketPath)).mode & 0o777).toBe(0o700);
+      expect(existsSync(runDir)).toBe(false);
+      expect(warnings).toEqual([expect.stringContaining(`the path of a socket in ${runDir} is too long for a unix socket; its socket goes in ${tmpdir()} instead`)]);
+      expect((await fetch(`${await baseUrlOf(lease)}/v1/messages`)).status).toBe(201);
+    } finally {
+      await own.close();
+      rmSync(base, { recursive: true, force: true });
+    }
+  });
+
+  it('survives errors after it started: on its server, and drops a client that sends garbage', async () => {
     const lease = await proxy.lease({ upstreamBaseUrl: upstreamUrl, headers: { 'x-api-key': 'sk-real' }, paths: ['GET /v1/messages'] });
     // An error on the listening server (EMFILE on accept, say) is logged, not thrown at the process.
     const server = proxy['server']!;
@@ -235,14 +277,17 @@ describe('the credential proxy', () => {
     // The same server goes on serving the same socket.
     expect(proxy['server']).toBe(server);
     expect((await proxy.lease({ upstreamBaseUrl: upstreamUrl, headers: {}, paths: [] })).socketPath).toBe(lease.socketPath);
-    // A client that sends garbage, or goes away mid-request, costs only its own connection.
-    for (const garbage of ['\u0000\u0001 not http\r\n\r\n', `POST ${lease.basePath}/v1/messages HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\npartial`]) {
-      const socket = connect(lease.socketPath);
-      socket.on('error', () => undefined);
-      await new Promise<void>((resolve) => socket.on('connect', resolve));
-      socket.write(garbage);
-      socket.destroy();
-    }
+    // A client that sends garbage is dropped without an answer (Node's own handling would answer 400),
+    // and only its connection goes.
+    const socket = connect(lease.socketPath);
+    let answered = '';
+    socket.setEncoding('utf8');
+    socket.on('data', (chunk: string) => (answered += chunk));
+    const gone = new Promise<void>((resolve) => socket.on('close', () => resolve()));
+    socket.on('error', () => undefined);
+    socket.write('\u0000\u0001 not http\r\n\r\n');
+    await gone;
+    expect(answered).toBe('');
     expect((await fetch(`${await baseUrlOf(lease)}/v1/messages`)).status).toBe(201);
     lease.release();
   });

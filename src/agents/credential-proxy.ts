@@ -2,8 +2,8 @@
  * A credential-injecting reverse proxy on the host, so that an agent CLI in a sandbox can call its model
  * provider without the sandbox ever holding the platform's key, and without any other way out.
  *
- * The proxy listens on a unix socket only (in a directory private to the service's user), never on a TCP
- * port: the CLI runs in a private network namespace, the socket's directory is bound into its sandbox, and
+ * The proxy listens on a unix socket only (in a directory private to the service's user, under the
+ * service's data dir: `runDir`), never on a TCP port: the CLI runs in a private network namespace, the socket's directory is bound into its sandbox, and
  * a small forwarder there (cli-harness.ts) listens on the sandbox's own 127.0.0.1 and relays each
  * connection to the socket. The CLI's base URL is that forwarder followed by `/<lease token>`, and its key
  * is the token again, a placeholder worth nothing elsewhere. The proxy swaps whatever credentials a request
@@ -18,15 +18,27 @@
  * sandboxed process makes with the token on its own go unmetered (docs/execution.md says so).
  */
 import { randomBytes } from 'node:crypto';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { chmodSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import http, { type IncomingHttpHeaders, type IncomingMessage, type OutgoingHttpHeaders, type ServerResponse } from 'node:http';
 import https from 'node:https';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
 
 /** What the proxy logs: a subset of pino's Logger, so the executor's logger fits as it is. */
 export interface CredentialProxyLogger {
   warn(details: Record<string, unknown>, message: string): void;
+}
+
+export interface CredentialProxyOptions {
+  /**
+   * Where the proxy makes its socket's directory: the service's `<data dir>/run`, made private to the
+   * service's user. Not the system's temporary directory, where systemd-tmpfiles deletes what has not
+   * changed for days, the socket of a long-lived service included (every CLI run would fail until a
+   * restart). A path too long for a unix socket falls back to the temporary directory, with a warning;
+   * without `runDir` (tests), the temporary directory is used.
+   */
+  runDir?: string;
+  logger?: CredentialProxyLogger;
 }
 
 export interface LeaseRequest {
@@ -65,6 +77,10 @@ const TOKEN_BYTES = 32;
 
 /** The socket's name in the proxy's directory. */
 const SOCKET_NAME = 'proxy.sock';
+/** The proxy's own directory in `runDir`: short, since a socket's whole path has little room. */
+const SOCKET_DIR_PREFIX = 'proxy-';
+/** `sun_path` holds 108 bytes on Linux, its terminating NUL included. */
+const MAX_SOCKET_PATH_BYTES = 107;
 
 /** Whatever credentials a client sends are dropped; only the lease's reach the provider. */
 const CREDENTIAL_HEADERS = ['authorization', 'x-api-key', 'api-key'];
@@ -84,7 +100,7 @@ export class CredentialProxy {
   // Own agents, so that `close()` can let go of their kept-alive upstream connections.
   private readonly agents = { http: new http.Agent({ keepAlive: true }), https: new https.Agent({ keepAlive: true }) };
 
-  constructor(private readonly options: { logger?: CredentialProxyLogger } = {}) {}
+  constructor(private readonly options: CredentialProxyOptions = {}) {}
 
   /** A lease for one run; starts the proxy on first use. Throws for an upstream that is not an http(s) URL. */
   async lease(request: LeaseRequest): Promise<CredentialLease> {
@@ -126,8 +142,14 @@ export class CredentialProxy {
 
   private start(): Promise<string> {
     this.listening ??= new Promise<string>((resolve, reject) => {
-      // Only the service's user may enter the directory (the sandboxes see it bound in, as that user).
-      const dir = mkdtempSync(join(tmpdir(), 'svc-credential-proxy-'));
+      let dir: string;
+      try {
+        dir = this.makeSocketDir();
+      } catch (error) {
+        this.listening = null;
+        reject(error as Error);
+        return;
+      }
       const socketPath = join(dir, SOCKET_NAME);
       const server = http.createServer((req, res) => this.forward(req, res));
       // Kept for the server's whole life: an 'error' without a listener would crash the service. Before
@@ -158,6 +180,31 @@ export class CredentialProxy {
       });
     });
     return this.listening;
+  }
+
+  /**
+   * A new directory for the socket, private to the service's user (the sandboxes see it bound in, as that
+   * user): in `runDir` when its socket path fits in `sun_path`, else in the temporary directory.
+   */
+  private makeSocketDir(): string {
+    const { logger } = this.options;
+    // Absolute: the sandbox binds the directory in from wherever its command runs.
+    const runDir = this.options.runDir === undefined ? undefined : resolve(this.options.runDir);
+    if (runDir) {
+      // mkdtemp's six random characters.
+      const socketPath = join(runDir, `${SOCKET_DIR_PREFIX}XXXXXX`, SOCKET_NAME);
+      if (Buffer.byteLength(socketPath) <= MAX_SOCKET_PATH_BYTES) {
+        mkdirSync(runDir, { recursive: true, mode: 0o700 });
+        // It may exist already, made with other permissions.
+        chmodSync(runDir, 0o700);
+        return mkdtempSync(join(runDir, SOCKET_DIR_PREFIX));
+      }
+      logger?.warn(
+        { runDir, bytes: Buffer.byteLength(socketPath), limit: MAX_SOCKET_PATH_BYTES },
+        `credential proxy: the path of a socket in ${runDir} is too long for a unix socket; its socket goes in ${tmpdir()} instead, where a cleaner of old temporary files (systemd-tmpfiles) may delete it and break agent CLI runs until a restart: give the service a shorter data dir`,
+      );
+    }
+    return mkdtempSync(join(tmpdir(), 'svc-credential-proxy-'));
   }
 
   private forward(req: IncomingMessage, res: ServerResponse): void {

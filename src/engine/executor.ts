@@ -40,6 +40,8 @@ export interface ExecutorOptions {
   startDevServers?: StartDevServers;
   /** Where model keys and base URLs come from (process.env by default). */
   modelEnv?: NodeJS.ProcessEnv;
+  /** Where the credential proxy keeps its socket: `<data dir>/run` (CredentialProxyOptions.runDir). */
+  runDir?: string;
   logger: Logger;
 }
 
@@ -56,7 +58,7 @@ export class Executor {
   private readonly running = new Map<string, { job: JobRow; controller: AbortController }>();
 
   constructor(private readonly options: ExecutorOptions) {
-    this.credentialProxy = new CredentialProxy({ logger: options.logger });
+    this.credentialProxy = new CredentialProxy({ logger: options.logger, runDir: options.runDir });
   }
 
   async start(): Promise<void> {
