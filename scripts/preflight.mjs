@@ -9,6 +9,7 @@ if (major < 20 || (major === 20 && minor < 19)) {
 const tools = [
   { command: 'git', args: ['--version'], install: 'apt-get install -y git' },
   { command: 'bwrap', args: ['--version'], install: 'apt-get install -y bubblewrap' },
+  { command: 'slirp4netns', args: ['--version'], install: 'apt-get install -y slirp4netns' },
 ];
 for (const tool of tools) {
   try {

@@ -16,6 +16,7 @@ import { Scheduler } from './engine/scheduler.js';
 import { expireWorkspaceShells } from './engine/runners/workspace-shell.js';
 import { startDevServers } from './sandbox/dev-servers.js';
 import type { SandboxPolicy } from './sandbox/fork.js';
+import { describeOutsideNetwork, slirp4netnsAvailable } from './sandbox/outside-network.js';
 import { hostname } from 'node:os';
 import { join } from 'node:path';
 
@@ -55,6 +56,7 @@ export function sandboxPolicyOf(config: Config): SandboxPolicy {
   return {
     hiddenPaths: [config.dataDir],
     allowUnsandboxed: config.allowUnsandboxed,
+    allowHostNetwork: config.allowHostNetwork,
     memoryMiB: config.sandboxMemoryMib,
     cpuSeconds: config.sandboxCpuSeconds,
   };
@@ -117,6 +119,10 @@ export function publicUrlOf(config: Config, port: number = config.port): string 
 
 function makeExecutor(config: Config, database: Database, forks: ForkLifecycle, environments: Environments, publicUrl: string, logger: Logger): Executor | null {
   if (config.executorConcurrency === 0) return null;
+  // How the sandboxes' network access works here: the operator should know before a job needs it.
+  const network = describeOutsideNetwork(sandboxPolicyOf(config));
+  if (slirp4netnsAvailable()) logger.info(network);
+  else logger.warn(network);
   return new Executor({
     database,
     environments,

@@ -90,7 +90,7 @@ describe('dev servers in a fork', () => {
       expect(servers.servers).toEqual([{ name: 'web-app', port: hostPort, url: `http://127.0.0.1:${hostPort}`, healthy: true }]);
       expect(servers.env()).toEqual({ SVC_DEV_WEB_APP_URL: `http://127.0.0.1:${hostPort}`, SVC_DEV_WEB_APP_PORT: String(hostPort) });
       expect(fork.network).not.toBeNull();
-      expect(logs.filter((line) => line.includes('host network'))).toEqual([]);
+      expect(logs.filter((line) => line.includes('could not be made'))).toEqual([]);
       expect(await fetchFromFork(fork, `http://127.0.0.1:${hostPort}/`)).toBe('dev:reach');
       // A command run through a shell, the way the agent's are, too.
       const viaShell = await fork.run(['sh', '-c', `node -e "fetch('$SVC_DEV_WEB_APP_URL').then(r=>r.text()).then(console.log)"`], {
@@ -98,14 +98,15 @@ describe('dev servers in a fork', () => {
         env: servers.env(),
       });
       expect(viaShell.stdout).toBe('dev:reach\n');
-      // The host's own server (on another port) stays out of reach; with network access the host is there.
+      // The host's own server (on another port) stays out of reach, with network access too (which has a
+      // network of its own, connected through slirp4netns without the host's loopback).
       const other: Server = createServer((_request, response) => response.end('other'));
       await new Promise<void>((resolve) => other.listen(0, '127.0.0.1', resolve));
       const otherPort = (other.address() as AddressInfo).port;
       try {
         expect(await fetchFromFork(fork, `http://127.0.0.1:${otherPort}/`)).toBe('ECONNREFUSED');
-        expect(await fetchFromFork(fork, `http://127.0.0.1:${otherPort}/`, { network: true })).toBe('other');
-        expect(await fetchFromFork(fork, `http://127.0.0.1:${hostPort}/`, { network: true })).toBe('host');
+        expect(await fetchFromFork(fork, `http://127.0.0.1:${otherPort}/`, { network: true })).toBe('ECONNREFUSED');
+        expect(await fetchFromFork(fork, `http://127.0.0.1:${hostPort}/`, { network: true })).toBe('ECONNREFUSED');
       } finally {
         other.close();
       }
@@ -175,22 +176,34 @@ describe('dev servers in a fork', () => {
     await Promise.all([serversA.stop(), serversB.stop()]);
   });
 
-  it('with network access, runs on the host network on a free port', async () => {
+  it('with network access, run in a private network connected through slirp4netns, healthy from the service side', async () => {
     const fork = await newFork('online', 'online');
-    const busy: Server = createServer((_request, response) => response.end('busy'));
-    await new Promise<void>((resolve) => busy.listen(0, '127.0.0.1', resolve));
-    const busyPort = (busy.address() as AddressInfo).port;
+    // The host's loopback holds the server's preferred port: the fork's network has a loopback of its own.
+    const host: Server = createServer((_request, response) => response.end('host'));
+    await new Promise<void>((resolve) => host.listen(0, '127.0.0.1', resolve));
+    const hostPort = (host.address() as AddressInfo).port;
     try {
-      const servers = await startDevServers(fork, [{ repoDir: 'web', spec: spec({ name: 'web', port: busyPort }) }], { network: true });
+      const servers = await startDevServers(fork, [{ repoDir: 'web', spec: spec({ name: 'web', port: hostPort }) }], {
+        network: true,
+        log: (message) => logs.push(message),
+      });
       running.push(servers);
-      const [server] = servers.servers;
-      expect(server).toMatchObject({ healthy: true });
-      expect(server!.port).not.toBe(busyPort);
-      expect(fork.network).toBeNull();
-      expect(await (await fetch(`${server!.url}/`)).text()).toBe('dev:online');
+      expect(servers.servers).toEqual([{ name: 'web', port: hostPort, url: `http://127.0.0.1:${hostPort}`, healthy: true }]);
+      expect(fork.network).toMatchObject({ outside: true });
+      const records = readProcessRecords(fork.info.dir);
+      expect(records.map((record) => record.name).sort()).toEqual(['mount', 'network', 'network-outside', 'web']);
+      // The fork's commands with network access join that network: the dev server, with a route outside.
+      expect(await fetchFromFork(fork, `http://127.0.0.1:${hostPort}/`, { network: true })).toBe('dev:online');
+      const route = await fork.run(['awk', '$2 == "00000000" { print $1 }', '/proc/net/route'], { timeoutMs: 20_000, network: true });
+      expect(route.stdout).toBe('tap0\n');
+      // Commands without network access stay out of it (and the outside).
+      expect(await fetchFromFork(fork, `http://127.0.0.1:${hostPort}/`)).toBe('ECONNREFUSED');
       await servers.stop();
+      expect(fork.network).toBeNull();
+      // slirp4netns went with the network.
+      expect(leftovers(records.map((record) => record.pid))).toEqual([]);
     } finally {
-      busy.close();
+      host.close();
     }
   });
 

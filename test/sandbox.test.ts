@@ -1,10 +1,11 @@
 import { execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { createServer, type AddressInfo } from 'node:net';
-import { tmpdir } from 'node:os';
+import { networkInterfaces, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { EGRESS_DIR, ForkManager, sandboxCapabilities, type Fork } from '../src/sandbox/fork.js';
+import { describeOutsideNetwork, outsideNetworkOf, sandboxResolvConf } from '../src/sandbox/outside-network.js';
 
 const root = mkdtempSync(join(tmpdir(), 'svc-sandbox-'));
 const dataDir = join(root, 'data');
@@ -85,19 +86,55 @@ describe('sandbox forks', () => {
     await forks.remove(other);
   });
 
-  it('has no network unless allowed', async () => {
-    const server = createServer((socket) => socket.end());
-    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-    const port = (server.address() as AddressInfo).port;
+  it('gives a command with network access a network of its own through slirp4netns, never the host loopback', async () => {
+    const listen = async (host: string, answer: string) => {
+      const server = createServer((socket) => socket.end(`${answer}\n`));
+      await new Promise<void>((resolve) => server.listen(0, host, resolve));
+      return { server, port: (server.address() as AddressInfo).port };
+    };
+    // The host's loopback (where the service's database and API listen) and, if the host has one, an
+    // address on another interface: an outside host as far as slirp4netns is concerned.
+    const loopback = await listen('127.0.0.1', 'loopback');
+    const address = Object.values(networkInterfaces())
+      .flat()
+      .find((entry) => entry && entry.family === 'IPv4' && !entry.internal)?.address;
+    const outside = address ? await listen(address, 'outside') : null;
+    const connect = (host: string, port: number) =>
+      `${process.execPath} -e "require('net').connect(${port},'${host}').on('error',e=>{console.log(e.code);process.exit(0)}).on('data',d=>{process.stdout.write(d);process.exit(0)})"`;
+    const probe = [
+      connect('127.0.0.1', loopback.port),
+      // slirp4netns's gateway, which would be the host's loopback without --disable-host-loopback.
+      connect('10.0.2.2', loopback.port),
+      // The interface that holds the default route.
+      `awk '$2 == "00000000" { print "default via " $1 }' /proc/net/route`,
+      outside && address ? connect(address, outside.port) : 'true',
+    ].join('\n');
     try {
       const fork = await forks.create('net', environment);
-      const probe = `${process.execPath} -e "require('net').connect(${port},'127.0.0.1').on('error',e=>{console.log(e.code);process.exit(0)}).on('connect',()=>{console.log('connected');process.exit(0)})"`;
-      expect((await sh(fork, probe, { timeoutMs: 20_000, network: true })).stdout).toBe('connected\n');
-      expect((await sh(fork, probe, { timeoutMs: 20_000 })).stdout).toBe('ECONNREFUSED\n');
+      const online = await sh(fork, probe, { timeoutMs: 20_000, network: true });
+      expect(online.stderr).toBe('');
+      expect(online.stdout.split('\n')).toEqual(['ECONNREFUSED', 'ENETUNREACH', 'default via tap0', ...(outside ? ['outside'] : []), '']);
+      const offline = await sh(fork, probe, { timeoutMs: 20_000 });
+      expect(offline.stdout.split('\n')).toEqual(['ECONNREFUSED', 'ENETUNREACH', ...(outside ? ['ENETUNREACH'] : []), '']);
       await forks.remove(fork);
     } finally {
-      server.close();
+      loopback.server.close();
+      outside?.server.close();
     }
+  });
+
+  it('fails a command with network access where slirp4netns is missing, unless the host network is allowed', () => {
+    expect(outsideNetworkOf({}, true)).toBe('slirp4netns');
+    expect(outsideNetworkOf({ allowHostNetwork: true }, false)).toBe('host');
+    expect(() => outsideNetworkOf({}, false)).toThrow(/slirp4netns is not installed.*`apt-get install -y slirp4netns`.*SVC_ALLOW_HOST_NETWORK=true/);
+    expect(describeOutsideNetwork({})).toContain('slirp4netns');
+  });
+
+  it('points a sandbox at slirp4netns\'s DNS forwarder where the host resolves on its loopback', () => {
+    expect(sandboxResolvConf('nameserver 127.0.0.53\noptions edns0 trust-ad\nsearch example.com\n')).toBe(
+      'nameserver 10.0.2.3\noptions edns0 trust-ad\nsearch example.com\n',
+    );
+    expect(sandboxResolvConf('nameserver 10.255.255.53\n')).toBeNull();
   });
 
   it('confines a command with an egress directory to its sockets, even when it asks for network', async () => {
@@ -115,8 +152,8 @@ describe('sandbox forks', () => {
       const confined = await sh(fork, probe, { timeoutMs: 20_000, network: true, egressDir: egress });
       expect(confined.stderr).toBe('');
       expect(confined.stdout).toBe('ECONNREFUSED\nproxy\nproxy.sock\n');
-      // Without it, the same command asking for network is on the host's.
-      expect((await sh(fork, connect(`${port},'127.0.0.1'`), { timeoutMs: 20_000, network: true })).stdout).toBe('host\n');
+      // Without it, the same command asking for network has a network of its own (never the host's loopback).
+      expect((await sh(fork, connect(`${port},'127.0.0.1'`), { timeoutMs: 20_000, network: true })).stdout).toBe('ECONNREFUSED\n');
       await forks.remove(fork);
     } finally {
       server.close();

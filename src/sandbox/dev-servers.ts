@@ -2,13 +2,18 @@
  * Dev servers in a fork: each repository's long-running servers (`devServers` in the environment config),
  * started in the sandbox while the agent works so that its commands and the checks can talk to them.
  *
- * Without network access the servers and the agent's commands share one private network namespace per
- * fork: a holder process (bubblewrap with --unshare-net, which also brings up loopback) keeps it, the
- * servers are started inside it, and every later `fork.run` without network joins it (`fork.network`).
- * So 127.0.0.1:<port> is the dev server, and nothing outside the fork is reachable. Two forks never see
- * each other's ports: both can use a server's preferred port. Where the namespace cannot be made (no
- * `nsenter` rights), the servers run on the host network and the log says so; the agent's commands stay
- * isolated then and cannot reach them. With network access everything is on the host network.
+ * The servers and the agent's commands share one private network namespace per fork: a holder process
+ * (bubblewrap with --unshare-net, which also brings up loopback) keeps it, the servers are started inside
+ * it, and every later `fork.run` of the same network access joins it (`fork.network`). So 127.0.0.1:<port>
+ * is the dev server. Without network access nothing outside the fork is reachable; with it, the namespace
+ * is connected to the outside through slirp4netns (outside-network.ts), which never reaches the host's
+ * loopback. Two forks never see each other's ports: both can use a server's preferred port. Without
+ * network access, where the namespace cannot be made (no `nsenter` rights), the servers run as commands
+ * with network access do (in a network of their own through slirp4netns, where the health check cannot
+ * reach them either; on the host's network only where slirp4netns is missing and the operator allowed
+ * that) and the log says so; the agent's commands stay isolated then and cannot reach them. With network
+ * access the servers run on the host network only where the fork's commands do (slirp4netns missing and
+ * the host's network allowed); a namespace that cannot be made or connected fails the start.
  *
  * The processes are recorded in the fork's directory (`processes.json`, outside the files the agent sees),
  * so that the fork lifecycle can stop them from any process on the host.
@@ -21,6 +26,7 @@ import { createServer } from 'node:net';
 import { join } from 'node:path';
 import type { DevServerSpec, EnvironmentConfig } from './environment.js';
 import { killGroup, runProcessGroup, sandboxCapabilities, signalGroup, SYSTEM_DIRS, type Fork, type ForkNetwork, type LongRunningProcess } from './fork.js';
+import { startSlirp } from './outside-network.js';
 
 export interface DevServerTarget {
   /** The repository's directory, relative to the fork's root: the server's working directory. */
@@ -92,21 +98,38 @@ export async function startDevServers(
   const mount = await fork.holdMount();
   if (mount) records.push(processRecord('mount', mount.pid));
   let holder: LongRunningProcess | null = null;
-  if (!options.network) {
-    const made = await makePrivateNetwork(log);
+  const stopMount = async () => {
+    await mount?.stop(STOP_GRACE_MS);
+    fork.mount = null;
+  };
+  // With network access, a private network connected through slirp4netns (or the host's, as the fork's
+  // commands have it where slirp4netns is missing and the operator allowed that).
+  let outside: boolean;
+  try {
+    outside = options.network && fork.outsideNetwork() === 'slirp4netns';
+  } catch (error) {
+    await stopMount();
+    throw error;
+  }
+  if (!options.network || outside) {
+    const made = await makePrivateNetwork(log, outside);
     if (made) {
       holder = made.holder;
       fork.network = made.network;
       records.push(processRecord('network', holder.pid));
+      if (made.slirpPid !== null) records.push(processRecord('network-outside', made.slirpPid));
+    } else if (outside) {
+      await stopMount();
+      throw new Error('the dev servers of a fork with network access need a private network connected through slirp4netns, which could not be made (the log says why)');
     }
   }
+  if (outside) log(`dev servers of fork ${fork.info.name} run in a private network connected through slirp4netns`);
   const started: StartedServer[] = [];
   const stopAll = async () => {
     await Promise.all(started.map(({ handle }) => handle.stop(STOP_GRACE_MS)));
     await holder?.stop(STOP_GRACE_MS);
     fork.network = null;
-    await mount?.stop(STOP_GRACE_MS);
-    fork.mount = null;
+    await stopMount();
     await writeProcessRecords(fork.info.dir, []);
   };
   try {
@@ -273,18 +296,26 @@ function tryListen(port: number): Promise<number | null> {
 
 /**
  * Makes a private network namespace held by a sleeping bubblewrap process, and checks that this process
- * may enter it; null (and a log line) where it cannot.
+ * may enter it; with `outside`, connects it through slirp4netns (stopped with the holder, and recorded by
+ * its pid since another process may have to stop it). Null (and a log line) where it cannot.
  */
-async function makePrivateNetwork(log: (message: string) => void): Promise<{ holder: LongRunningProcess; network: ForkNetwork } | null> {
+async function makePrivateNetwork(
+  log: (message: string) => void,
+  outside: boolean,
+): Promise<{ holder: LongRunningProcess; network: ForkNetwork; slirpPid: number | null } | null> {
   const fallback = (why: string) => {
-    log(`dev servers run on the host network (a private network for the fork could not be made: ${why}); commands without network access cannot reach them`);
+    log(
+      outside
+        ? `dev servers cannot start: a private network for the fork could not be made or connected (${why})`
+        : `dev servers run outside the fork's network, as commands with network access do (a private network for the fork could not be made: ${why}); commands without network access cannot reach them`,
+    );
     return null;
   };
   if (!sandboxCapabilities().bwrap) return fallback('bubblewrap is not available');
   const args = ['--die-with-parent', '--unshare-net', '--info-fd', '3'];
   for (const dir of SYSTEM_DIRS) args.push('--ro-bind-try', dir, dir);
   const child = spawn('bwrap', [...args, '--', 'sleep', 'infinity'], { detached: true, stdio: ['ignore', 'ignore', 'pipe', 'pipe'] });
-  const holder = holderProcess(child);
+  let holder = holderProcess(child);
   let stderr = '';
   child.stderr?.setEncoding('utf8').on('data', (chunk: string) => (stderr += chunk));
   const childPid = await new Promise<number | null>((resolvePid) => {
@@ -320,7 +351,23 @@ async function makePrivateNetwork(log: (message: string) => void): Promise<{ hol
     await holder.stop(0);
     return fallback(entered.stderr.trim() || `nsenter exited with ${entered.exitCode}`);
   }
-  return { holder, network: { holderPid: childPid, inode } };
+  if (!outside) return { holder, network: { holderPid: childPid, inode }, slirpPid: null };
+  try {
+    // Its own process group, so that a process that finds it recorded can stop it.
+    const slirp = await startSlirp(childPid, { detached: true });
+    const namespace = holder;
+    holder = {
+      ...namespace,
+      async stop() {
+        await slirp.stop();
+        await namespace.stop();
+      },
+    };
+    return { holder, network: { holderPid: childPid, inode, outside: true }, slirpPid: slirp.pid };
+  } catch (error) {
+    await holder.stop(0);
+    return fallback((error as Error).message);
+  }
 }
 
 function holderProcess(child: ReturnType<typeof spawn>): LongRunningProcess {

@@ -12,12 +12,15 @@
  * writable at /workspace, an empty /tmp; the service's data dir, the other forks and the other
  * environments are not there (and are covered by empty tmpfs mounts should they live under a system
  * directory). They get their own PID, IPC
- * and (unless allowed) network namespaces, their own process group, and CPU, memory and time limits.
+ * and network namespaces, their own process group, and CPU, memory and time limits. A command with network
+ * access gets a private network connected to the outside through slirp4netns, never the host's loopback
+ * (outside-network.ts); the host's own network only where slirp4netns is missing and the operator allowed it.
  * Without bubblewrap a fork refuses to run anything unless the operator allowed unsandboxed execution.
  *
  * A fork with dev servers holds a private network namespace of its own (`fork.network`, made by
- * dev-servers.ts): its commands without network access join that namespace (`nsenter --net`) instead of
- * an empty one each, so they reach the dev servers on 127.0.0.1 and nothing else.
+ * dev-servers.ts), connected to the outside through slirp4netns when the fork's commands have network
+ * access: its commands of that same network access join that namespace (`nsenter --net`) instead of
+ * making one each, so they reach the dev servers on 127.0.0.1 (and, with network access, the outside).
  *
  * A command with an egress directory (`egressDir`: an agent CLI reaching the credential proxy) runs in
  * such a private network too, whatever `network` says, with that directory bound in at EGRESS_DIR: the
@@ -27,6 +30,7 @@ import { spawn, spawnSync } from 'node:child_process';
 import { cp, mkdir, readdir, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { existsSync, readdirSync, readFileSync, readlinkSync } from 'node:fs';
 import { join, resolve } from 'node:path';
+import { BLOCK_FD, connectSandbox, INFO_FD, outsideNetworkOf, sandboxResolvConfPath, type OutsideNetwork } from './outside-network.js';
 
 export const FORK_NAME = /^[A-Za-z0-9_-]{1,64}$/;
 export const SANDBOX_ROOT = '/workspace';
@@ -44,6 +48,11 @@ export interface SandboxPolicy {
   hiddenPaths: string[];
   /** Run without bubblewrap where it is missing (the operator's explicit choice). */
   allowUnsandboxed: boolean;
+  /**
+   * Share the host's network with commands that have network access where slirp4netns is missing (the
+   * operator's explicit choice: they can then reach the services on the host's loopback).
+   */
+  allowHostNetwork?: boolean;
   /** Limits of every process that asks for none of its own: address space in MiB, CPU seconds. */
   memoryMiB?: number;
   cpuSeconds?: number;
@@ -94,6 +103,8 @@ export interface ForkNetwork {
   holderPid: number;
   /** `net:[<inode>]`, as /proc/<pid>/ns/net links to it. */
   inode: string;
+  /** A network namespace connected to the outside (through slirp4netns): for commands with network access. */
+  outside?: boolean;
 }
 
 export interface RunResult {
@@ -185,7 +196,8 @@ export class Fork {
   /** Runs `command` (argv) in the fork and resolves when its whole process group is gone. */
   run(command: readonly string[], options: RunOptions = {}): Promise<RunResult> {
     try {
-      return runProcessGroup(this.commandLine(command, options), options);
+      const { argv, connect } = this.commandLine(command, options);
+      return runProcessGroup(argv, options, connect);
     } catch (error) {
       return Promise.reject(error as Error);
     }
@@ -196,7 +208,16 @@ export class Fork {
    * stopped (a dev server). It dies with this process (bubblewrap's --die-with-parent).
    */
   spawnLongRunning(command: readonly string[], options: LongRunningOptions = {}): LongRunningProcess {
-    return spawnLongRunningGroup(this.commandLine(command, options), options.env ?? {});
+    const { argv, connect } = this.commandLine(command, options);
+    return spawnLongRunningGroup(argv, options.env ?? {}, connect);
+  }
+
+  /**
+   * How the fork's commands with network access reach the outside: through slirp4netns, or on the host's
+   * network (unsandboxed, or slirp4netns missing and the operator allowed it). Throws where neither may be used.
+   */
+  outsideNetwork(): OutsideNetwork {
+    return sandboxCapabilities().bwrap ? outsideNetworkOf(this.policy) : 'host';
   }
 
   /** The namespace path of the fork's private network, if it still exists (checked against its inode). */
@@ -238,21 +259,28 @@ export class Fork {
     }
   }
 
-  /** The whole argv that runs `command` in the fork: private network, overlay mount, limits, bubblewrap. */
-  private commandLine(command: readonly string[], options: RunOptions): string[] {
+  /**
+   * The whole argv that runs `command` in the fork: private network, overlay mount, limits, bubblewrap;
+   * `connect`: its sandbox waits to be connected to the outside (`connectSandbox`) before the command starts.
+   */
+  private commandLine(command: readonly string[], options: RunOptions): { argv: string[]; connect: boolean } {
     const { bwrap } = sandboxCapabilities();
     if (!bwrap && !this.policy.allowUnsandboxed) throw new SandboxUnavailableError();
     if (!bwrap && options.egressDir) throw new Error('a command confined to the credential proxy needs bubblewrap (bwrap), which is not installed');
     const root = this.info.mode === 'overlay' ? join(this.info.dir, 'merged') : this.info.mode === 'direct' ? this.info.dir : join(this.info.dir, 'root');
-    // Without network access, a fork with a private network runs its command there (not in an empty one).
-    const network = bwrap && !hostNetwork(options) ? this.privateNetworkPath() : null;
+    // A fork's private network serves the commands of its own network access (connected to the outside or
+    // not); any other command makes a network of its own, empty or connected through slirp4netns.
+    const wantsOutside = outsideAccess(options);
+    const held = bwrap && (this.network?.outside === true) === wantsOutside ? this.privateNetworkPath() : null;
+    const outside: OutsideNetwork | null = bwrap && wantsOutside ? (held ? 'slirp4netns' : outsideNetworkOf(this.policy)) : null;
+    const connect = outside === 'slirp4netns' && held === null;
     const memoryMiB = options.memoryMiB ?? this.policy.memoryMiB;
     const cpuSeconds = options.cpuSeconds ?? this.policy.cpuSeconds;
     const limits = [
       memoryMiB ? `ulimit -v ${Math.floor(memoryMiB * 1024)}` : '',
       cpuSeconds ? `ulimit -t ${Math.floor(cpuSeconds)}` : '',
     ].filter(Boolean);
-    const inner = bwrap ? ['bwrap', ...this.bwrapArgs(root, options, network !== null), '--', ...command] : [...command];
+    const inner = bwrap ? ['bwrap', ...this.bwrapArgs(root, options, { shared: held !== null, outside, connect }), '--', ...command] : [...command];
     // $1..$4: overlay dirs (or empty); the rest: the command to exec after mounting and limiting.
     const script = [
       this.info.mode === 'overlay' ? 'mount -t overlay overlay -o "lowerdir=$1,upperdir=$2,workdir=$3" "$4" || exit 125' : '',
@@ -266,17 +294,21 @@ export class Fork {
       this.info.mode === 'overlay'
         ? [lowerdirOption(this.info.lower), join(this.info.dir, 'upper'), join(this.info.dir, 'work'), root]
         : ['', '', '', ''];
-    const held = this.heldMountPath();
-    const argv = held
+    const heldMount = this.heldMountPath();
+    const argv = heldMount
       ? ['sh', '-c', script.replace(/^mount .*\n/, ''), 'sh', ...overlayArgs, ...inner]
       : this.info.mode === 'overlay'
         ? ['unshare', '-m', '--propagation', 'private', 'sh', '-c', script, 'sh', ...overlayArgs, ...inner]
         : ['sh', '-c', script, 'sh', ...overlayArgs, ...inner];
-    const namespaces = [...(network ? [`--net=${network}`] : []), ...(held ? [`--mount=${held}`] : [])];
-    return namespaces.length > 0 ? ['nsenter', ...namespaces, ...argv] : argv;
+    const namespaces = [...(held ? [`--net=${held}`] : []), ...(heldMount ? [`--mount=${heldMount}`] : [])];
+    return { argv: namespaces.length > 0 ? ['nsenter', ...namespaces, ...argv] : argv, connect };
   }
 
-  private bwrapArgs(root: string, options: RunOptions, sharedNetwork: boolean): string[] {
+  /**
+   * `network.shared`: the command joins the fork's private network; `outside`: how it reaches the outside
+   * (null: it does not); `connect`: its own network waits for slirp4netns (see `commandLine`).
+   */
+  private bwrapArgs(root: string, options: RunOptions, network: { shared: boolean; outside: OutsideNetwork | null; connect: boolean }): string[] {
     // A fresh root holding only the system's programs and libraries, read-only: home directories, /srv,
     // /var and wherever the service keeps its data are simply not there.
     // No capabilities: root inside cannot mount, chown to others or otherwise reach past the fork.
@@ -290,7 +322,11 @@ export class Fork {
     if (this.info.mode === 'clone') for (const layer of this.info.lower.layers) args.push('--ro-bind', layer, layer);
     args.push(options.readOnly ? '--ro-bind' : '--bind', root, SANDBOX_ROOT, '--chdir', join(SANDBOX_ROOT, options.cwd ?? ''));
     args.push('--unshare-pid', '--unshare-ipc', '--unshare-uts', '--hostname', 'sandbox');
-    if (!hostNetwork(options) && !sharedNetwork) args.push('--unshare-net');
+    if (!network.shared && network.outside !== 'host') args.push('--unshare-net');
+    if (network.connect) args.push('--info-fd', String(INFO_FD), '--block-fd', String(BLOCK_FD));
+    // A resolver on the host's loopback is not there inside: slirp4netns's forwarder stands in for it.
+    const resolvConf = network.outside === 'slirp4netns' ? sandboxResolvConfPath() : null;
+    if (resolvConf) args.push('--ro-bind', resolvConf, '/etc/resolv.conf');
     if (options.egressDir) args.push('--ro-bind', options.egressDir, EGRESS_DIR);
     // Caches that tools keep in HOME (npm's logs, for one) stay out of the repositories.
     args.push('--setenv', 'HOME', '/tmp');
@@ -299,8 +335,8 @@ export class Fork {
   }
 }
 
-/** Whether a command shares the host's network: asked for, and not confined to an egress directory. */
-function hostNetwork(options: Pick<RunOptions, 'network' | 'egressDir'>): boolean {
+/** Whether a command reaches the outside network: asked for, and not confined to an egress directory. */
+function outsideAccess(options: Pick<RunOptions, 'network' | 'egressDir'>): boolean {
   return options.network === true && !options.egressDir;
 }
 
@@ -355,12 +391,12 @@ export async function killGroup(pid: number, timeoutMs = 2_000): Promise<void> {
  * Runs argv (on the host, as it is) as a process group of its own and resolves when the group is gone:
  * whatever the command leaves behind in its group is killed with it.
  */
-export function runProcessGroup(argv: readonly string[], options: RunOptions): Promise<RunResult> {
+export function runProcessGroup(argv: readonly string[], options: RunOptions, connect = false): Promise<RunResult> {
   const started = Date.now();
   return new Promise((resolvePromise, reject) => {
     const child = spawn(argv[0]!, argv.slice(1), {
       detached: true,
-      stdio: ['pipe', 'pipe', 'pipe'],
+      stdio: connect ? ['pipe', 'pipe', 'pipe', 'pipe', 'pipe'] : ['pipe', 'pipe', 'pipe'],
       env: baseEnv(options.env ?? {}),
     });
     let stdout = '';
@@ -388,12 +424,20 @@ export function runProcessGroup(argv: readonly string[], options: RunOptions): P
     const onAbort = () => killGroup();
     if (options.signal?.aborted) killGroup();
     else options.signal?.addEventListener('abort', onAbort, { once: true });
+    const disconnect = connect
+      ? connectSandbox(child, (message) => {
+          stderr += `${message}\n`;
+          killGroup();
+        })
+      : () => undefined;
     child.on('error', (error) => {
       if (timer) clearTimeout(timer);
+      disconnect();
       reject(error);
     });
     child.on('close', (exitCode, signal) => {
       if (timer) clearTimeout(timer);
+      disconnect();
       options.signal?.removeEventListener('abort', onAbort);
       // Whatever the command left behind in its group goes with it.
       killGroup();
@@ -404,20 +448,32 @@ export function runProcessGroup(argv: readonly string[], options: RunOptions): P
 
 const OUTPUT_TAIL = 16 * 1024;
 
-function spawnLongRunningGroup(argv: readonly string[], env: Record<string, string>): LongRunningProcess {
-  const child = spawn(argv[0]!, argv.slice(1), { detached: true, stdio: ['ignore', 'pipe', 'pipe'], env: baseEnv(env) });
+function spawnLongRunningGroup(argv: readonly string[], env: Record<string, string>, connect = false): LongRunningProcess {
+  const child = spawn(argv[0]!, argv.slice(1), {
+    detached: true,
+    stdio: connect ? ['ignore', 'pipe', 'pipe', 'pipe', 'pipe'] : ['ignore', 'pipe', 'pipe'],
+    env: baseEnv(env),
+  });
   let tail = '';
   const collect = (chunk: string) => {
     tail = (tail + chunk).slice(-OUTPUT_TAIL);
   };
-  child.stdout.setEncoding('utf8').on('data', collect);
-  child.stderr.setEncoding('utf8').on('data', collect);
+  child.stdout!.setEncoding('utf8').on('data', collect);
+  child.stderr!.setEncoding('utf8').on('data', collect);
+  const disconnect = connect
+    ? connectSandbox(child, (message) => {
+        collect(`${message}\n`);
+        if (child.pid) signalGroup(child.pid, 'SIGKILL');
+      })
+    : () => undefined;
   const exited = new Promise<{ exitCode: number | null; signal: NodeJS.Signals | null }>((resolveExit) => {
     child.on('error', (error) => {
+      disconnect();
       collect(`${error.message}\n`);
       resolveExit({ exitCode: null, signal: null });
     });
     child.on('close', (exitCode, signal) => {
+      disconnect();
       if (child.pid) signalGroup(child.pid, 'SIGKILL');
       resolveExit({ exitCode, signal });
     });
