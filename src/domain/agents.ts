@@ -8,6 +8,24 @@ export type AgentProvider = (typeof AGENT_PROVIDERS)[number];
 /** The only harness that offers the `ultracode` effort. */
 export const ULTRACODE_PROVIDER: AgentProvider = 'claude-code';
 
+/**
+ * Whether the provider is an agent CLI: it runs on its own inside the sandbox, and its network reaches
+ * only its provider's API through the credential proxy (never the fork's dev servers).
+ */
+export function isAgentCli(provider: AgentProvider): boolean {
+  switch (provider) {
+    case 'claude-code':
+    case 'codex':
+      return true;
+    case 'openai':
+    case 'anthropic':
+    case 'openai-compatible':
+      return false;
+    default:
+      return assertNever(provider);
+  }
+}
+
 export interface AgentId {
   provider: AgentProvider;
   model: string;

@@ -10,7 +10,7 @@ import type { Logger } from 'pino';
 import { forkWorkspace } from '../agents/fork-workspace.js';
 import type { AgentEvent, Harness, RunManifest, RunOutcome } from '../agents/types.js';
 import type { LocalCodeHost } from '../codehost/local.js';
-import { isReadOnlyMode, modeOfJobType, type AgentId } from '../domain/agents.js';
+import { isAgentCli, isReadOnlyMode, modeOfJobType, type AgentId } from '../domain/agents.js';
 import type { Effort, JobType, TaskMode } from '../protocol/rest.js';
 import { EFFORT } from '../agents/effort.js';
 import { parseEnvironmentConfig, type CheckSpec, type EnvironmentConfig } from '../sandbox/environment.js';
@@ -379,7 +379,7 @@ export class JobRun {
     const history = thread
       .filter((message) => message.id !== job.messageId)
       .map((message) => ({ role: message.role === 'agent' ? ('assistant' as const) : ('user' as const), content: message.body }));
-    const notes = [job.instructions, environmentNotes(config, devServers), ...this.forkNotes].filter(Boolean).join('\n\n');
+    const notes = [job.instructions, environmentNotes(config, devServers, agent), ...this.forkNotes].filter(Boolean).join('\n\n');
     return {
       input: job.input ?? '',
       history,
@@ -504,7 +504,13 @@ export class JobRun {
   }
 }
 
-function environmentNotes(config: EnvironmentConfig, devServers: DevServers | null): string {
+/**
+ * What the agent is told about its environment. An agent CLI in a fork with network access cannot reach
+ * the dev servers (they run on the fork's network, which reaches the outside; the CLI's reaches only its
+ * provider), so it is told they run for the checks rather than given a URL it cannot open.
+ */
+export function environmentNotes(config: EnvironmentConfig, devServers: DevServers | null, agent: AgentId): string {
+  const unreachable = config.network && isAgentCli(agent.provider);
   const lines: string[] = [];
   if (config.repositories.length > 0) {
     lines.push('Repositories under /workspace (checks run after you finish):');
@@ -514,7 +520,9 @@ function environmentNotes(config: EnvironmentConfig, devServers: DevServers | nu
     }
   }
   for (const server of devServers?.servers ?? []) {
-    lines.push(server.healthy ? `Dev server ${server.name} is running at ${server.url}.` : `Dev server ${server.name} did not start: ${server.error ?? 'unknown reason'}.`);
+    if (!server.healthy) lines.push(`Dev server ${server.name} did not start: ${server.error ?? 'unknown reason'}.`);
+    else if (unreachable) lines.push(`Dev server ${server.name} is running for the checks; your sandbox cannot reach it.`);
+    else lines.push(`Dev server ${server.name} is running at ${server.url}.`);
   }
   return lines.join('\n');
 }
