@@ -1,5 +1,6 @@
 // Before the tests: say in one line what this machine lacks and how to get it, instead of failing obscurely.
 import { execFileSync } from 'node:child_process';
+import { existsSync } from 'node:fs';
 
 const problems = [];
 const [major, minor] = process.versions.node.split('.').map(Number);
@@ -17,6 +18,10 @@ for (const tool of tools) {
   } catch {
     problems.push(`${tool.command} is missing: install it with \`${tool.install}\``);
   }
+}
+// slirp4netns makes its tap device through the kernel's TUN driver.
+if (!existsSync('/dev/net/tun')) {
+  problems.push('/dev/net/tun is missing: slirp4netns needs the TUN device (`modprobe tun`, or give the container `--device /dev/net/tun`)');
 }
 if (problems.length > 0) {
   process.stderr.write(`svc tests cannot run: ${problems.join('; ')}\n`);
