@@ -9,6 +9,12 @@ module.exports = {
   forbidden: [
     forbid('protocol-is-zod-only', { path: '^src/protocol/' }, { path: [`^src/(?!protocol/)`, root] }, 'protocol depends on zod only'),
     forbid(
+      'platform-is-generic',
+      { path: '^src/platform/' },
+      { path: [`^src/(?!(platform|protocol)/)`, root] },
+      'platform holds generic, svc-agnostic I/O helpers (lock files, process identity) that every layer may import; it imports nothing of ours but protocol types',
+    ),
+    forbid(
       'domain-is-pure',
       { path: '^src/domain/' },
       { path: [layer('store', 'engine', 'sandbox', 'agents', 'codehost', 'integrations', 'server', 'runner', 'cli', 'web'), root] },

@@ -13,7 +13,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { RunnerHome } from '../src/runner/home.js';
 import { RunnerLockedError, acquireRunnerLock, lockHolder } from '../src/runner/lock.js';
 import { silentLog } from '../src/runner/log.js';
-import { processIdentity, type ProcessIdentity } from '../src/runner/process-identity.js';
+import { processIdentity, type ProcessIdentity } from '../src/platform/process-identity.js';
 import { RunRecords, groupExists } from '../src/runner/run-state.js';
 
 const children: ChildProcess[] = [];

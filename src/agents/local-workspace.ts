@@ -26,7 +26,7 @@ const FILE_TIMEOUT_MS = 30_000;
 
 /**
  * The shell that leads a tracked group writes to "$1": its pid (the group id), then `boot <id>` and
- * `start <ticks>` from /proc on Linux, else `start <ps lstart>`; src/runner/process-identity.ts reads a
+ * `start <ticks>` from /proc on Linux, else `start <ps lstart>`; src/platform/process-identity.ts reads a
  * running process the same way and compares. Builtins only on Linux: nothing else starts first.
  */
 const RECORD_GROUP =

@@ -10,7 +10,7 @@
  *
  * The record is written before the harness starts, so a run with no record never ran here. The run's
  * process groups are recorded beside it (`groups/`, see agents/local-workspace.ts) while they run, each
- * with its leader's identity (process-identity.ts): a group is stopped only while that leader still runs,
+ * with its leader's identity (platform/process-identity.ts): a group is stopped only while that leader still runs,
  * never by a bare group id that may be another program's by now.
  *
  * A record that cannot be read (not JSON, not a record) is damaged: `scan` lists it apart. The daemon
@@ -24,7 +24,7 @@ import { RunManifest, RunOutcome } from '../protocol/runner.js';
 import { assertNever } from '../domain/errors.js';
 import { writeFileAtomic, type RunnerHome } from './home.js';
 import { errorText, stderrLog, type Log } from './log.js';
-import { matchProcess, matchStartedBy, ownProcessGroup, type ProcessIdentity } from './process-identity.js';
+import { matchProcess, matchStartedBy, ownProcessGroup, type ProcessIdentity } from '../platform/process-identity.js';
 
 export const RunPhase = z.enum(['executing', 'finished', 'synced']);
 export type RunPhase = z.infer<typeof RunPhase>;
@@ -200,7 +200,7 @@ export class RunRecords {
    * Stops every process group the run recorded whose leader still runs, and waits (bounded) until they
    * are gone; answers how many it stopped. The leader is the recorded one when its identity matches, or,
    * for a record written without one, when it started before the record was written
-   * (process-identity.ts). A record whose leader is gone is stale and only dropped; one that cannot be
+   * (platform/process-identity.ts). A record whose leader is gone is stale and only dropped; one that cannot be
    * checked (a platform that cannot tell) is left running with a log line, and so is the runner's own group.
    */
   async stopGroups(runId: string): Promise<number> {

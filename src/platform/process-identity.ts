@@ -1,8 +1,9 @@
 /**
  * Which process a recorded pid names. A pid alone names whatever process has that number now: after a
  * reboot, or once the recorded process exited and the number came round again, it is someone else's (the
- * user's terminal, an editor). So the runner records a process's identity next to its pid and acts on the
- * pid (kills its group, respects its lock) only while the identity still matches.
+ * user's terminal, an editor). So a record of a process (a lock file's owner, the leader of a process group)
+ * holds its identity next to its pid, and the pid is acted on (its group killed, its lock respected) only
+ * while the identity still matches.
  *
  * - Linux: the boot id (`/proc/sys/kernel/random/boot_id`) and the start time in clock ticks since boot
  *   (`/proc/<pid>/stat`, field 22). Both together name one process of one boot.
@@ -10,12 +11,13 @@
  *   to the second (in UTC, C locale), which differs across reboots too. There is no boot id.
  * - Where neither answers, a process's identity is unknown and callers do not act on the pid.
  *
- * A record that names a process by its pid alone (written by an older runner, or by a writer that could
+ * A record that names a process by its pid alone (written by an older version, or by a writer that could
  * not tell the identity) is checked by time instead (`matchStartedBy`): the process ran when the record was
  * written, so a process that has the pid now but started after that is another one.
  *
- * The group records of local-workspace.ts are written by the group's own shell in the same terms (it
- * reads the same /proc files, or runs the same `ps`), so what it wrote compares with `processIdentity`.
+ * A record may be written by another program in the same terms (the group records of
+ * src/agents/local-workspace.ts are written by the group's own shell, which reads the same /proc files, or
+ * runs the same `ps`): what it wrote compares with `processIdentity`.
  */
 import { execFileSync } from 'node:child_process';
 import { existsSync, readFileSync } from 'node:fs';
