@@ -17,7 +17,7 @@ module.exports = {
     forbid(
       'domain-is-pure',
       { path: '^src/domain/' },
-      { path: [layer('store', 'engine', 'sandbox', 'agents', 'codehost', 'integrations', 'server', 'runner', 'cli', 'web'), root] },
+      { path: [layer('store', 'engine', 'sandbox', 'agents', 'codehost', 'integrations', 'server', 'runner', 'cli', 'web', 'platform'), root] },
       'domain holds pure rules and imports nothing of ours but protocol types',
     ),
     forbid(

@@ -13,6 +13,7 @@ const PROBES: Array<[path: string, code: string, rule: string | null]> = [
   ['src/platform/zz-probe.ts', "export { tasks } from '../store/schema.js';\n", 'platform-is-generic'],
   ['src/runner/zz-probe.ts', "export { acquireLockFile } from '../platform/lock-file.js';\n", null],
   ['src/store/zz-probe2.ts', "export { acquireLockFile } from '../platform/lock-file.js';\n", null],
+  ['src/domain/zz-probe2.ts', "export { acquireLockFile } from '../platform/lock-file.js';\n", 'domain-is-pure'],
   ['src/cli/zz-probe2.ts', "export { listTasks } from '../store/tasks.js';\n", 'clients-speak-http'],
   ['src/server/zz-probe2.ts', "export { createTask } from '../engine/tasks.js';\n", null],
   ['src/engine/zz-probe2.ts', "export { listTasks } from '../store/tasks.js';\n", null],
