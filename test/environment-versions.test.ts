@@ -180,6 +180,40 @@ describe('environment versions (the store)', () => {
     expect(store.read(1)).toBeNull();
   });
 
+  it('publishes above a torn version file (a crash while it was written), sets it aside and never uses its number again', async () => {
+    const root = mkdtempSync(join(tmpdir(), 'svc-env-torn-'));
+    const logs: string[] = [];
+    const store = new EnvironmentStore(join(root, 'environment'), policy, (message) => logs.push(message));
+    const versions = join(store.root, 'versions');
+    const files = (): string[] => readdirSync(versions).sort();
+    await store.init('first', async (dir) => writeFileSync(join(dir, 'log.txt'), 'start\n'));
+    await store.change('second', async (change) => sh(change.fork, 'echo second >> log.txt'));
+    // Version 3 was linked, but its contents never reached the disk.
+    writeFileSync(join(versions, '3.json'), '');
+    expect(store.current()!.version).toBe(2);
+    const { version: published } = await store.change('after the crash', async (change) => sh(change.fork, 'echo after >> log.txt'));
+    // Published above the torn file's number: a fork may have recorded version 3 as what it was then.
+    expect(published.version).toBe(4);
+    expect(await store.readFile(published, 'log.txt')).toBe('start\nsecond\nafter\n');
+    expect(files()).toEqual(['1.json', '2.json', '3.json.unreadable', '4.json']);
+    expect(logs.filter((line) => line.includes('3.json is torn'))).toHaveLength(1);
+    // A readable version above it keeps the numbers growing: the set-aside file goes.
+    await store.collect(new Set([1, 2]));
+    expect(files()).toEqual(['1.json', '2.json', '4.json']);
+
+    // A collection finding a garbled newest file keeps the version below it (the current one) and sets it aside.
+    writeFileSync(join(versions, '5.json'), '{"version": 5, "lay');
+    await store.collect(new Set(), Date.now() + 3_600_000);
+    expect(files()).toEqual(['4.json', '5.json.unreadable']);
+    expect(store.current()!.version).toBe(4);
+    expect(await store.readFile(store.current()!, 'log.txt')).toBe('start\nsecond\nafter\n');
+    const { version: next } = await store.change('next', async (change) => sh(change.fork, 'echo next >> log.txt'));
+    expect(next.version).toBe(6);
+    await store.collect(new Set(), Date.now() + 3_600_000);
+    expect(files()).toEqual(['6.json']);
+    expect(await store.readFile(store.current()!, 'log.txt')).toBe('start\nsecond\nafter\nnext\n');
+  });
+
   it.skipIf(!sandboxCapabilities().overlay)('stops a flattening when the process shuts down, leaving no half layer, and a later change flattens', async () => {
     const root = mkdtempSync(join(tmpdir(), 'svc-env-flatten-stop-'));
     const dir = join(root, 'environment');

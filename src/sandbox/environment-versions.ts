@@ -31,6 +31,12 @@
  * period and decides on the version records as they are when it deletes, and within a process
  * collection and publishing never interleave.
  *
+ * A version file is written whole and synced before it is linked into place, so a crash never leaves a
+ * torn one; a torn file left by an older process (or a damaged disk) above the newest readable version is
+ * set aside as `<n>.json.unreadable` (logged) and its number is never used again: the next change
+ * publishes above it, since a fork may have been made from what that file was (and records its number).
+ * A set-aside file is deleted once a readable version above it keeps the numbers growing.
+ *
  * Stacks stay shallow: past MAX_LAYERS a change flattens the stack into one copied layer; the flattened
  * version shows the same files, so forks of the version it flattened are not behind it (`sameFiles`).
  *
@@ -39,7 +45,7 @@
  */
 import { randomBytes } from 'node:crypto';
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
-import { chmod, link, mkdir, readdir, rename, rm, stat, unlink, utimes, writeFile } from 'node:fs/promises';
+import { chmod, link, mkdir, open, readdir, rename, rm, stat, unlink, utimes, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import {
   directSandbox,
@@ -115,6 +121,8 @@ const SUPERSEDED_GRACE_MS = 10 * 60_000;
 const ABANDONED_CHANGE_MS = 6 * 60 * 60_000;
 const ATTEMPTS = 5;
 const CONFIG_PATH = '.svc/environment.json';
+/** A torn version file set aside: `<n>.json.unreadable` (its number stays taken). */
+const UNREADABLE_SUFFIX = '.json.unreadable';
 
 const newId = (): string => `${Date.now().toString(36)}${randomBytes(4).toString('hex')}`;
 
@@ -201,14 +209,63 @@ export class EnvironmentStore {
     await mkdir(this.versionsDir, { recursive: true });
   }
 
-  /** The numbers of the published versions, ascending. */
-  private versionNumbers(): number[] {
+  /** The numbers of the published versions, ascending (`setAside`: those of the torn files set aside instead). */
+  private versionNumbers(setAside = false): number[] {
     if (!existsSync(this.versionsDir)) return [];
+    const pattern = setAside ? /^(\d+)\.json\.unreadable$/ : /^(\d+)\.json$/;
     return readdirSync(this.versionsDir)
-      .map((entry) => /^(\d+)\.json$/.exec(entry)?.[1])
+      .map((entry) => pattern.exec(entry)?.[1])
       .filter((value): value is string => value !== undefined)
       .map(Number)
       .sort((a, b) => a - b);
+  }
+
+  /**
+   * Version `n`'s record: null when its file is missing (collected, or never made), 'torn' when the file
+   * is there but holds no record. Any other failure to read it throws.
+   */
+  private readRecord(version: number): VersionRecord | null | 'torn' {
+    let text: string;
+    try {
+      text = readFileSync(this.versionPath(version), 'utf8');
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code === 'ENOENT') return null;
+      throw error;
+    }
+    let record: unknown;
+    try {
+      record = JSON.parse(text);
+    } catch {
+      return 'torn';
+    }
+    const { version: number, layers } = (record ?? {}) as Partial<VersionRecord>;
+    const valid = number === version && Array.isArray(layers) && layers.every((layer) => typeof layer === 'string');
+    return valid ? (record as VersionRecord) : 'torn';
+  }
+
+  /**
+   * Sets aside the torn version files above the newest readable version (a crash of a process that did not
+   * sync them), so that they no longer stand for versions; returns that newest readable version's number
+   * (0: none). Their numbers stay taken (see the module comment).
+   */
+  private async setAsideTorn(): Promise<number> {
+    const numbers = this.versionNumbers();
+    for (let index = numbers.length - 1; index >= 0; index--) {
+      const number = numbers[index]!;
+      const record = this.readRecord(number);
+      if (record === 'torn') {
+        try {
+          await rename(this.versionPath(number), join(this.versionsDir, `${number}${UNREADABLE_SUFFIX}`));
+          this.log(`environment ${this.root}: version file ${number}.json is torn (a crash while it was written); set aside as ${number}${UNREADABLE_SUFFIX}, and its number is not used again`);
+        } catch (error) {
+          // Another process set it aside first.
+          if ((error as NodeJS.ErrnoException).code !== 'ENOENT') throw error;
+        }
+      } else if (record !== null) {
+        return number;
+      }
+    }
+    return 0;
   }
 
   /** The newest version, or null before the environment was made. */
@@ -223,12 +280,13 @@ export class EnvironmentStore {
 
   /** Version `n`, or null when it is not there (collected, or never made). */
   read(version: number): EnvironmentVersion | null {
-    let record: VersionRecord;
+    let record: VersionRecord | null | 'torn';
     try {
-      record = JSON.parse(readFileSync(this.versionPath(version), 'utf8')) as VersionRecord;
+      record = this.readRecord(version);
     } catch {
       return null;
     }
+    if (record === null || record === 'torn') return null;
     return { version: record.version, layers: record.layers.map((layer) => join(this.layersDir, layer)), record };
   }
 
@@ -364,14 +422,26 @@ export class EnvironmentStore {
   /**
    * Creates the version file exclusively: null when that version, or a newer one, exists already. A
    * number below the newest may be free again (collection deleted that version): a change made from the
-   * version before it is behind the current one all the same.
+   * version before it is behind the current one all the same. Above torn version files (set aside here),
+   * the version is published with the number after theirs.
    */
-  private async publish(record: VersionRecord): Promise<EnvironmentVersion | null> {
-    // Collection never deletes the newest version, so the newest number only grows: checked here, with
+  private async publish(proposed: VersionRecord): Promise<EnvironmentVersion | null> {
+    // Collection never deletes the newest readable version, so its number only grows: checked here, with
     // the exclusive link below, no version is ever published behind the current one.
-    if (record.version <= (this.versionNumbers().at(-1) ?? 0)) return null;
+    const newest = await this.setAsideTorn();
+    if (proposed.version <= newest) return null;
+    // Every number listed is taken: a torn file's (set aside, or being set aside by another process).
+    const taken = [...this.versionNumbers(), ...this.versionNumbers(true)];
+    const record = { ...proposed, version: Math.max(proposed.version, ...taken.map((number) => number + 1)) };
     const temporary = join(this.versionsDir, `.${record.version}.${newId()}.tmp`);
-    await writeFile(temporary, `${JSON.stringify(record, null, 2)}\n`);
+    // Synced before it is linked: after a crash the version file is whole or not there.
+    const file = await open(temporary, 'wx');
+    try {
+      await file.writeFile(`${JSON.stringify(record, null, 2)}\n`);
+      await file.sync();
+    } finally {
+      await file.close();
+    }
     try {
       await link(temporary, this.versionPath(record.version));
     } catch (error) {
@@ -380,7 +450,18 @@ export class EnvironmentStore {
     } finally {
       await unlink(temporary).catch(() => undefined);
     }
+    await this.syncVersionsDir();
     return this.read(record.version);
+  }
+
+  /** Makes the links made in `versions/` durable (a published version stays published after a crash). */
+  private async syncVersionsDir(): Promise<void> {
+    const dir = await open(this.versionsDir, 'r');
+    try {
+      await dir.sync();
+    } finally {
+      await dir.close();
+    }
   }
 
   /**
@@ -509,14 +590,21 @@ export class EnvironmentStore {
     const { versions, doomed } = await this.exclusively(async () => {
       // A change's setup may run for half an hour: its base stays until it has published or failed.
       const inUse = new Set([...forksInUse, ...this.changeBases()]);
+      // The newest readable version is the current one, whatever torn files lie above it (set aside).
+      const newest = await this.setAsideTorn();
+      const current = newest === 0 ? undefined : newest;
+      // A set-aside torn file below a readable version takes no number any more: that version does.
+      for (const number of this.versionNumbers(true)) {
+        if (number < newest) await rm(join(this.versionsDir, `${number}${UNREADABLE_SUFFIX}`), { force: true });
+      }
       const numbers = this.versionNumbers();
-      const current = numbers.at(-1);
       let versions = 0;
       for (const [index, number] of numbers.entries()) {
         const version = this.read(number);
         const next = numbers[index + 1] === undefined ? null : this.read(numbers[index + 1]!);
         const recent = next !== null && now - Date.parse(next.record.createdAt) < SUPERSEDED_GRACE_MS;
-        if (!version || number === current || inUse.has(number) || recent) continue;
+        // The current version and any published since the torn files were set aside above stay.
+        if (!version || number >= newest || inUse.has(number) || recent) continue;
         await rm(this.versionPath(number), { force: true });
         versions += 1;
       }
