@@ -1,11 +1,18 @@
 import { execFileSync } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
 import { createServer, type AddressInfo } from 'node:net';
 import { networkInterfaces, tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { join, resolve as resolvePath } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { EGRESS_DIR, ForkManager, sandboxCapabilities, type Fork } from '../src/sandbox/fork.js';
-import { describeOutsideNetwork, outsideNetworkOf, sandboxResolvConf } from '../src/sandbox/outside-network.js';
+import {
+  describeOutsideNetwork,
+  OutsideNetworkUnavailableError,
+  outsideNetworkOf,
+  probeOutsideNetwork,
+  resolvConfMount,
+  sandboxResolvConf,
+} from '../src/sandbox/outside-network.js';
 
 const root = mkdtempSync(join(tmpdir(), 'svc-sandbox-'));
 const dataDir = join(root, 'data');
@@ -123,11 +130,33 @@ describe('sandbox forks', () => {
     }
   });
 
-  it('fails a command with network access where slirp4netns is missing, unless the host network is allowed', () => {
-    expect(outsideNetworkOf({}, true)).toBe('slirp4netns');
-    expect(outsideNetworkOf({ allowHostNetwork: true }, false)).toBe('host');
-    expect(() => outsideNetworkOf({}, false)).toThrow(/slirp4netns is not installed.*`apt-get install -y slirp4netns`.*SVC_ALLOW_HOST_NETWORK=true/);
-    expect(describeOutsideNetwork({})).toContain('slirp4netns');
+  it('fails a command with network access where slirp4netns or /dev/net/tun is missing, unless the host network is allowed', () => {
+    expect(outsideNetworkOf({}, null)).toBe('slirp4netns');
+    expect(outsideNetworkOf({ allowHostNetwork: true }, 'slirp4netns')).toBe('host');
+    expect(outsideNetworkOf({ allowHostNetwork: true }, '/dev/net/tun')).toBe('host');
+    expect(() => outsideNetworkOf({}, 'slirp4netns')).toThrow(/slirp4netns is not installed.*`apt-get install -y slirp4netns`.*SVC_ALLOW_HOST_NETWORK=true/);
+    expect(() => outsideNetworkOf({}, '/dev/net/tun')).toThrow(OutsideNetworkUnavailableError);
+    expect(() => outsideNetworkOf({}, '/dev/net/tun')).toThrow(/^\/dev\/net\/tun is not available, .*--device \/dev\/net\/tun.*SVC_ALLOW_HOST_NETWORK=true/);
+    expect(describeOutsideNetwork({}, null)).toBe('commands with network access get a private network through slirp4netns (no access to the host loopback)');
+    expect(describeOutsideNetwork({ allowHostNetwork: true }, 'slirp4netns')).toBe(
+      "slirp4netns is not installed: commands with network access share the host's network (SVC_ALLOW_HOST_NETWORK)",
+    );
+    expect(describeOutsideNetwork({}, 'slirp4netns')).toBe(
+      'slirp4netns is not installed: commands with network access will fail (`apt-get install -y slirp4netns`, or SVC_ALLOW_HOST_NETWORK=true)',
+    );
+    expect(describeOutsideNetwork({ allowHostNetwork: true }, '/dev/net/tun')).toBe(
+      "/dev/net/tun is not available: commands with network access share the host's network (SVC_ALLOW_HOST_NETWORK)",
+    );
+    expect(describeOutsideNetwork({}, '/dev/net/tun')).toBe(
+      '/dev/net/tun is not available: commands with network access will fail (make /dev/net/tun available to the service (a container: `--device /dev/net/tun`), or SVC_ALLOW_HOST_NETWORK=true)',
+    );
+  });
+
+  it('needs the TUN device as well as slirp4netns for private networks', () => {
+    expect(probeOutsideNetwork({ program: 'svc-no-such-program' })).toBe('slirp4netns');
+    expect(probeOutsideNetwork({ tunDevice: join(root, 'no-such-tun') })).toBe('/dev/net/tun');
+    // This host has both (the test above connects a sandbox through slirp4netns).
+    expect(probeOutsideNetwork()).toBeNull();
   });
 
   it('points a sandbox at slirp4netns\'s DNS forwarder where the host resolves on its loopback', () => {
@@ -135,6 +164,64 @@ describe('sandbox forks', () => {
       'nameserver 10.0.2.3\noptions edns0 trust-ad\nsearch example.com\n',
     );
     expect(sandboxResolvConf('nameserver 10.255.255.53\n')).toBeNull();
+  });
+
+  it('binds a resolv.conf that links out of the sandbox\'s directories where the link leads, and rewrites it when it goes', () => {
+    const host = mkdtempSync(join(root, 'resolv-'));
+    mkdirSync(join(host, 'etc'));
+    mkdirSync(join(host, 'run', 'resolve'), { recursive: true });
+    const stub = join(host, 'run', 'resolve', 'stub-resolv.conf');
+    writeFileSync(stub, 'nameserver 127.0.0.53\nsearch example.com\n');
+    symlinkSync('../run/resolve/stub-resolv.conf', join(host, 'etc', 'resolv.conf'));
+    const bound = [join(host, 'etc')];
+    const generated = resolvConfMount('slirp4netns', bound, join(host, 'etc', 'resolv.conf'));
+    expect(generated?.target).toBe(stub);
+    expect(readFileSync(generated!.source, 'utf8')).toBe('nameserver 10.0.2.3\nsearch example.com\n');
+    // A tmp cleaner removed it: the next use writes it again.
+    rmSync(generated!.source);
+    const again = resolvConfMount('slirp4netns', bound, join(host, 'etc', 'resolv.conf'));
+    expect(readFileSync(again!.source, 'utf8')).toBe('nameserver 10.0.2.3\nsearch example.com\n');
+    // The host's resolver changed: so does the sandbox's.
+    writeFileSync(stub, 'nameserver 127.0.0.53\nsearch example.org\n');
+    expect(readFileSync(resolvConfMount('slirp4netns', bound, join(host, 'etc', 'resolv.conf'))!.source, 'utf8')).toBe('nameserver 10.0.2.3\nsearch example.org\n');
+    // A resolver off the loopback: the host's own file, bound where the link leads (it would dangle inside).
+    writeFileSync(stub, 'nameserver 192.0.2.53\n');
+    expect(resolvConfMount('slirp4netns', bound, join(host, 'etc', 'resolv.conf'))).toEqual({ source: stub, target: stub });
+    expect(resolvConfMount('host', bound, join(host, 'etc', 'resolv.conf'))).toEqual({ source: stub, target: stub });
+    // A link within the sandbox's directories resolves inside as it is.
+    expect(resolvConfMount('host', [join(host, 'etc'), join(host, 'run')], join(host, 'etc', 'resolv.conf'))).toBeNull();
+  });
+
+  it.skipIf(!sandboxCapabilities().overlay)('resolves names through slirp4netns where /etc/resolv.conf links to systemd-resolved\'s stub', () => {
+    // In a private mount namespace, /etc gets an overlay whose resolv.conf links to a stub file outside /etc,
+    // as on a stock Ubuntu host; a command with network access there must see slirp4netns's forwarder.
+    const dir = mkdtempSync(join(root, 'resolved-'));
+    mkdirSync(join(dir, 'resolve'));
+    mkdirSync(join(dir, 'layer'));
+    mkdirSync(join(dir, 'workspace'));
+    writeFileSync(join(dir, 'resolve', 'stub-resolv.conf'), 'nameserver 127.0.0.53\noptions edns0 trust-ad\n');
+    const script = join(dir, 'run.mts');
+    writeFileSync(
+      script,
+      `import { directSandbox } from ${JSON.stringify(resolvePath('src/sandbox/fork.ts'))};\n` +
+        `const result = await directSandbox(${JSON.stringify(join(dir, 'workspace'))}, { hiddenPaths: [], allowUnsandboxed: false })` +
+        `.run(['cat', '/etc/resolv.conf'], { network: true, timeoutMs: 20_000 });\n` +
+        'process.stdout.write(JSON.stringify(result));\n',
+    );
+    const setup = [
+      'mount -t tmpfs tmpfs "$1/layer" && mkdir "$1/layer/upper" "$1/layer/work"',
+      'ln -s "$1/resolve/stub-resolv.conf" "$1/layer/upper/resolv.conf"',
+      'mount -t overlay overlay -o "lowerdir=/etc,upperdir=$1/layer/upper,workdir=$1/layer/work" /etc',
+      'readlink /etc/resolv.conf >&2 && exec "$0" --import tsx "$2"',
+    ].join(' && ');
+    const output = execFileSync('unshare', ['-m', '--propagation', 'private', 'sh', '-c', setup, process.execPath, dir, script], {
+      encoding: 'utf8',
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    const result = JSON.parse(output) as { stdout: string; stderr: string; exitCode: number };
+    expect(result.stderr).toBe('');
+    expect(result.stdout).toBe('nameserver 10.0.2.3\noptions edns0 trust-ad\n');
+    expect(result.exitCode).toBe(0);
   });
 
   it('confines a command with an egress directory to its sockets, even when it asks for network', async () => {

@@ -30,7 +30,7 @@ import { spawn, spawnSync } from 'node:child_process';
 import { cp, mkdir, readdir, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { existsSync, readdirSync, readFileSync, readlinkSync } from 'node:fs';
 import { join, resolve } from 'node:path';
-import { BLOCK_FD, connectSandbox, INFO_FD, outsideNetworkOf, sandboxResolvConfPath, type OutsideNetwork } from './outside-network.js';
+import { BLOCK_FD, connectSandbox, INFO_FD, outsideNetworkOf, resolvConfMount, type OutsideNetwork } from './outside-network.js';
 
 export const FORK_NAME = /^[A-Za-z0-9_-]{1,64}$/;
 export const SANDBOX_ROOT = '/workspace';
@@ -324,9 +324,10 @@ export class Fork {
     args.push('--unshare-pid', '--unshare-ipc', '--unshare-uts', '--hostname', 'sandbox');
     if (!network.shared && network.outside !== 'host') args.push('--unshare-net');
     if (network.connect) args.push('--info-fd', String(INFO_FD), '--block-fd', String(BLOCK_FD));
-    // A resolver on the host's loopback is not there inside: slirp4netns's forwarder stands in for it.
-    const resolvConf = network.outside === 'slirp4netns' ? sandboxResolvConfPath() : null;
-    if (resolvConf) args.push('--ro-bind', resolvConf, '/etc/resolv.conf');
+    // A resolver on the host's loopback is not there inside: slirp4netns's forwarder stands in for it; and
+    // a resolv.conf linked out of /etc must be bound where the link leads (after --tmpfs /tmp, which could hold it).
+    const resolvConf = network.outside ? resolvConfMount(network.outside, SYSTEM_DIRS) : null;
+    if (resolvConf) args.push('--ro-bind', resolvConf.source, resolvConf.target);
     if (options.egressDir) args.push('--ro-bind', options.egressDir, EGRESS_DIR);
     // Caches that tools keep in HOME (npm's logs, for one) stay out of the repositories.
     args.push('--setenv', 'HOME', '/tmp');

@@ -14,13 +14,14 @@
  * not exit when the namespace goes away, so whoever started it stops it with the sandbox; its exit fd is
  * a pipe from this process, so it also ends should this process die.
  *
- * Where slirp4netns is missing, commands with network access fail with a message naming the package,
- * unless the operator allowed the host's network (SVC_ALLOW_HOST_NETWORK), the old behaviour.
+ * Where slirp4netns or the TUN device it needs (/dev/net/tun) is missing, commands with network access fail
+ * with a message naming what is missing, unless the operator allowed the host's network
+ * (SVC_ALLOW_HOST_NETWORK), the old behaviour.
  */
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { closeSync, existsSync, mkdtempSync, openSync, readFileSync, readlinkSync, realpathSync, renameSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join, resolve } from 'node:path';
 import type { Readable, Writable } from 'node:stream';
 
 /** How a command with network access reaches the outside. */
@@ -34,37 +35,72 @@ export const BLOCK_FD = 4;
 const SLIRP_DNS = '10.0.2.3';
 const READY_TIMEOUT_MS = 10_000;
 
+const TUN_DEVICE = '/dev/net/tun';
+
+/** What a private network needs that this host lacks: the program, or the TUN device it makes tap0 with. */
+export type OutsideNetworkMissing = 'slirp4netns' | typeof TUN_DEVICE;
+
 export class OutsideNetworkUnavailableError extends Error {
-  constructor() {
+  constructor(readonly missing: OutsideNetworkMissing = 'slirp4netns') {
     super(
-      'slirp4netns is not installed, so commands with network access cannot get a network of their own ' +
-        "(the host's would expose the services on its loopback); install it with `apt-get install -y slirp4netns`, " +
+      `${missingText(missing)}, so commands with network access cannot get a network of their own ` +
+        `(the host's would expose the services on its loopback); ${missing === 'slirp4netns' ? 'install it with ' : ''}${remedyOf(missing)}, ` +
         "or share the host's network explicitly (SVC_ALLOW_HOST_NETWORK=true)",
     );
     this.name = 'OutsideNetworkUnavailableError';
   }
 }
 
-let slirpInstalled: boolean | null = null;
-
-/** Probes once whether slirp4netns runs here. */
-export function slirp4netnsAvailable(): boolean {
-  slirpInstalled ??= spawnSync('slirp4netns', ['--version'], { stdio: 'ignore' }).status === 0;
-  return slirpInstalled;
+function missingText(missing: OutsideNetworkMissing): string {
+  return missing === 'slirp4netns' ? 'slirp4netns is not installed' : `${TUN_DEVICE} is not available`;
 }
 
-/** The outside network of commands with network access under this policy; throws where there is none. */
-export function outsideNetworkOf(policy: { allowHostNetwork?: boolean }, installed: boolean = slirp4netnsAvailable()): OutsideNetwork {
-  if (installed) return 'slirp4netns';
+function remedyOf(missing: OutsideNetworkMissing): string {
+  return missing === 'slirp4netns' ? '`apt-get install -y slirp4netns`' : `make ${TUN_DEVICE} available to the service (a container: \`--device ${TUN_DEVICE}\`)`;
+}
+
+/**
+ * What of slirp4netns's needs this host lacks, or null: the program, and the TUN device it opens to make
+ * tap0 (a container often has no /dev/net/tun; slirp4netns then fails every sandbox with "child failed").
+ */
+export function probeOutsideNetwork(options: { tunDevice?: string; program?: string } = {}): OutsideNetworkMissing | null {
+  if (spawnSync(options.program ?? 'slirp4netns', ['--version'], { stdio: 'ignore' }).status !== 0) return 'slirp4netns';
+  try {
+    closeSync(openSync(options.tunDevice ?? TUN_DEVICE, 'r+'));
+  } catch {
+    return TUN_DEVICE;
+  }
+  return null;
+}
+
+let probed: { missing: OutsideNetworkMissing | null } | null = null;
+
+/** What private networks lack here (probed once), or null when they work. */
+export function outsideNetworkMissing(): OutsideNetworkMissing | null {
+  probed ??= { missing: probeOutsideNetwork() };
+  return probed.missing;
+}
+
+/** Whether commands with network access can get a private network here (slirp4netns and its TUN device). */
+export function slirp4netnsAvailable(): boolean {
+  return outsideNetworkMissing() === null;
+}
+
+/**
+ * The outside network of commands with network access under this policy; throws where there is none.
+ * `missing`: what private networks lack here (null: nothing).
+ */
+export function outsideNetworkOf(policy: { allowHostNetwork?: boolean }, missing: OutsideNetworkMissing | null = outsideNetworkMissing()): OutsideNetwork {
+  if (missing === null) return 'slirp4netns';
   if (policy.allowHostNetwork) return 'host';
-  throw new OutsideNetworkUnavailableError();
+  throw new OutsideNetworkUnavailableError(missing);
 }
 
 /** One line for the log: how commands with network access will reach the outside. */
-export function describeOutsideNetwork(policy: { allowHostNetwork?: boolean }): string {
-  if (slirp4netnsAvailable()) return 'commands with network access get a private network through slirp4netns (no access to the host loopback)';
-  if (policy.allowHostNetwork) return "slirp4netns is not installed: commands with network access share the host's network (SVC_ALLOW_HOST_NETWORK)";
-  return 'slirp4netns is not installed: commands with network access will fail (`apt-get install -y slirp4netns`, or SVC_ALLOW_HOST_NETWORK=true)';
+export function describeOutsideNetwork(policy: { allowHostNetwork?: boolean }, missing: OutsideNetworkMissing | null = outsideNetworkMissing()): string {
+  if (missing === null) return 'commands with network access get a private network through slirp4netns (no access to the host loopback)';
+  if (policy.allowHostNetwork) return `${missingText(missing)}: commands with network access share the host's network (SVC_ALLOW_HOST_NETWORK)`;
+  return `${missingText(missing)}: commands with network access will fail (${remedyOf(missing)}, or SVC_ALLOW_HOST_NETWORK=true)`;
 }
 
 /** slirp4netns attached to a namespace: stop it when the namespace's sandbox ends. */
@@ -185,22 +221,81 @@ export function sandboxResolvConf(hostResolvConf: string): string | null {
   return [`nameserver ${SLIRP_DNS}`, ...kept].join('\n') + '\n';
 }
 
-let resolvConf: { path: string | null } | null = null;
+/** A file to bind into a sandbox so that its /etc/resolv.conf resolves: `target` is a path inside the sandbox. */
+export interface ResolvConfMount {
+  source: string;
+  target: string;
+}
 
-/** A file holding `sandboxResolvConf` of this host's /etc/resolv.conf (written once), or null if not needed. */
-export function sandboxResolvConfPath(): string | null {
-  if (resolvConf) return resolvConf.path;
-  let content: string | null = null;
+/**
+ * What a sandbox must have bound for its /etc/resolv.conf to serve, or null where the host's serves as the
+ * sandbox sees it. `outside`: how the sandbox reaches the outside; `boundDirs`: the host directories it has
+ * at the same paths (/etc among them). `hostPath` is there for tests.
+ *
+ * /etc/resolv.conf is often a link out of /etc (systemd-resolved's to /run/systemd/resolve/stub-resolv.conf):
+ * inside, that link dangles, and bubblewrap cannot bind a file over it ("Can't create file at
+ * /etc/resolv.conf"). So the file is bound where the link leads inside the sandbox, which bubblewrap creates
+ * on the sandbox's own root: slirp4netns's resolv.conf where the host resolves on its loopback, the host's
+ * real file otherwise.
+ */
+export function resolvConfMount(outside: OutsideNetwork, boundDirs: readonly string[], hostPath = '/etc/resolv.conf'): ResolvConfMount | null {
+  const end = linkEnd(hostPath, boundDirs);
+  if (end === null) return null;
+  const generated = outside === 'slirp4netns' ? generatedResolvConf(hostPath) : null;
+  if (generated !== null) return { source: generated, target: end.path };
+  if (end.bound) return null;
   try {
-    content = sandboxResolvConf(readFileSync('/etc/resolv.conf', 'utf8'));
+    return { source: realpathSync(hostPath), target: end.path };
   } catch {
-    // No resolv.conf: nothing to replace.
+    return null; // a link dangling on the host too: there is no resolver to show
   }
-  let path: string | null = null;
-  if (content !== null) {
-    path = join(mkdtempSync(join(tmpdir(), 'svc-resolv-')), 'resolv.conf');
-    writeFileSync(path, content, { mode: 0o644 });
+}
+
+/**
+ * Where the link chain from `path` ends inside a sandbox that has `boundDirs`: at a file in those
+ * directories (`bound`), or at the first path outside them, where the sandbox has nothing. Null where the
+ * host has nothing either. Links are followed one at a time, as the kernel does inside the sandbox: a
+ * directory link on the way (/var/run to /run) is not there inside, so realpath would name the wrong place.
+ */
+function linkEnd(path: string, boundDirs: readonly string[]): { path: string; bound: boolean } | null {
+  let current = resolve(path);
+  for (let hop = 0; hop < 40; hop++) {
+    if (!boundDirs.some((dir) => current === dir || current.startsWith(`${dir}/`))) return { path: current, bound: false };
+    let link: string;
+    try {
+      link = readlinkSync(current);
+    } catch (error) {
+      return (error as NodeJS.ErrnoException).code === 'EINVAL' ? { path: current, bound: true } : null;
+    }
+    current = resolve(dirname(current), link);
   }
-  resolvConf = { path };
+  return null;
+}
+
+let generated: { hostPath: string; hostContent: string; path: string } | null = null;
+
+/**
+ * A file holding `sandboxResolvConf` of the host's resolv.conf, or null if the host's serves. Checked at
+ * every use: the host's resolver may have changed (a new network), and a tmp cleaner may have removed the
+ * file (it lives in the tmp dir: nothing of the service's own is in reach here); either way it is written
+ * anew. It is replaced by a rename, so a sandbox binding it meanwhile never sees it half written.
+ */
+function generatedResolvConf(hostPath: string): string | null {
+  let hostContent: string;
+  try {
+    hostContent = readFileSync(hostPath, 'utf8');
+  } catch {
+    return null; // no resolv.conf: nothing to replace
+  }
+  const content = sandboxResolvConf(hostContent);
+  if (content === null) return null;
+  if (generated && generated.hostPath === hostPath && generated.hostContent === hostContent && existsSync(generated.path)) return generated.path;
+  let dir = generated ? dirname(generated.path) : null;
+  if (dir === null || !existsSync(dir)) dir = mkdtempSync(join(tmpdir(), 'svc-resolv-'));
+  const path = join(dir, 'resolv.conf');
+  const partial = join(dir, `resolv.conf.${process.pid}.tmp`);
+  writeFileSync(partial, content, { mode: 0o644 });
+  renameSync(partial, path);
+  generated = { hostPath, hostContent, path };
   return path;
 }
