@@ -207,6 +207,45 @@ describe('dev servers in a fork', () => {
     }
   });
 
+  it('where no private network can be made, are not started unless the host network is allowed, then run on it', async () => {
+    const fork = await newFork('no-namespace', 'no-namespace');
+    const unmade = 'nsenter: reassociate to namespace failed: Operation not permitted';
+    const lines: string[] = [];
+    const refused = await startDevServers(fork, [{ repoDir: 'web', spec: spec({ name: 'web', port: 4000 }) }], {
+      network: false,
+      noPrivateNetwork: unmade,
+      log: (message) => lines.push(message),
+    });
+    running.push(refused);
+    expect(refused.servers).toEqual([
+      { name: 'web', port: 4000, url: 'http://127.0.0.1:4000', healthy: false, error: `dev servers need a private network namespace: ${unmade}` },
+    ]);
+    expect(refused.env()).toEqual({});
+    expect(lines).toEqual([`dev servers of fork no-namespace not started: dev servers need a private network namespace: ${unmade}`]);
+    expect(fork.network).toBeNull();
+    expect(fork.mount).toBeNull();
+    expect(readProcessRecords(fork.info.dir)).toEqual([]);
+    expect(leftovers()).toEqual([]);
+
+    // The operator allowed the host's network: the servers use it (not a slirp4netns network of their own,
+    // where the health check could not reach them), and the service reaches them there.
+    const hostForks = new ForkManager(join(root, 'host-forks'), { hiddenPaths: [join(root, 'environments'), forksRoot], allowUnsandboxed: false, allowHostNetwork: true });
+    const hostFork = await hostForks.create('host-network', environment);
+    await hostFork.run(['sh', '-c', 'echo host-network > web/who.txt'], { timeoutMs: 20_000 });
+    const servers = await startDevServers(hostFork, [{ repoDir: 'web', spec: spec({ name: 'web' }) }], {
+      network: false,
+      noPrivateNetwork: unmade,
+      log: (message) => lines.push(message),
+    });
+    running.push(servers);
+    expect(servers.servers).toMatchObject([{ name: 'web', healthy: true }]);
+    expect(lines.at(-1)).toContain("run on the host's network (SVC_ALLOW_HOST_NETWORK; a private network for the fork could not be made: nsenter");
+    const answer = await fetch(servers.servers[0]!.url).then((response) => response.text());
+    expect(answer).toBe('dev:host-network');
+    await servers.stop();
+    expect(leftovers()).toEqual([]);
+  });
+
   it('stop() leaves no process behind, and neither do the recorded processes of another starter', async () => {
     const fork = await newFork('cleanup', 'cleanup');
     // A server that starts children of its own in its group, as `npm run dev` does.

@@ -8,10 +8,11 @@
  * is the dev server. Without network access nothing outside the fork is reachable; with it, the namespace
  * is connected to the outside through slirp4netns (outside-network.ts), which never reaches the host's
  * loopback. Two forks never see each other's ports: both can use a server's preferred port. Without
- * network access, where the namespace cannot be made (no `nsenter` rights), the servers run as commands
- * with network access do (in a network of their own through slirp4netns, where the health check cannot
- * reach them either; on the host's network only where slirp4netns is missing and the operator allowed
- * that) and the log says so; the agent's commands stay isolated then and cannot reach them. With network
+ * network access, where the namespace cannot be made (no `nsenter` rights), the servers run on the host's
+ * network only where the operator allowed that (SVC_ALLOW_HOST_NETWORK), and the log says so; the agent's
+ * commands stay isolated then and cannot reach them. Otherwise they are not started and each is reported
+ * unhealthy with the reason: a network of their own through slirp4netns would be out of the health check's
+ * reach, and would give servers of an environment without network access the outside. With network
  * access the servers run on the host network only where the fork's commands do (slirp4netns missing and
  * the host's network allowed); a namespace that cannot be made or connected fails the start.
  *
@@ -56,6 +57,8 @@ export interface DevServerOptions {
   network: boolean;
   signal?: AbortSignal;
   log?: (message: string) => void;
+  /** Why no private network can be made, instead of trying (tests stand in for a host without nsenter rights). */
+  noPrivateNetwork?: string;
 }
 
 /** A process recorded in the fork's directory, identified beyond its pid by its start time. */
@@ -111,16 +114,37 @@ export async function startDevServers(
     await stopMount();
     throw error;
   }
+  // Without a private network (none could be made), servers without network access use the host's.
+  let hostNetwork = false;
   if (!options.network || outside) {
-    const made = await makePrivateNetwork(log, outside);
-    if (made) {
+    const made = options.noPrivateNetwork ?? (await makePrivateNetwork(outside));
+    if (typeof made !== 'string') {
       holder = made.holder;
       fork.network = made.network;
       records.push(processRecord('network', holder.pid));
       if (made.slirpPid !== null) records.push(processRecord('network-outside', made.slirpPid));
     } else if (outside) {
+      log(`dev servers cannot start: a private network for the fork could not be made or connected (${made})`);
       await stopMount();
-      throw new Error('the dev servers of a fork with network access need a private network connected through slirp4netns, which could not be made (the log says why)');
+      throw new Error(`the dev servers of a fork with network access need a private network connected through slirp4netns, which could not be made: ${made}`);
+    } else if (fork.hostNetworkAllowed()) {
+      hostNetwork = true;
+      log(
+        `dev servers of fork ${fork.info.name} run on the host's network (SVC_ALLOW_HOST_NETWORK; a private network for the fork could not be made: ${made}); commands without network access cannot reach them`,
+      );
+    } else {
+      // In a network of their own through slirp4netns the health check could not reach them, and
+      // servers of an environment without network access would have the outside.
+      const error = `dev servers need a private network namespace: ${made}`;
+      log(`dev servers of fork ${fork.info.name} not started: ${error}`);
+      await stopMount();
+      const taken = new Set<number>();
+      const unstarted = targets.map(({ spec }): DevServerStatus => {
+        const port = privatePort(spec.port, taken);
+        taken.add(port);
+        return { name: spec.name, port, url: `http://127.0.0.1:${port}`, healthy: false, error };
+      });
+      return running(fork, [], [], null, null, unstarted);
     }
   }
   if (outside) log(`dev servers of fork ${fork.info.name} run in a private network connected through slirp4netns`);
@@ -137,8 +161,12 @@ export async function startDevServers(
     for (const { repoDir, spec } of targets) {
       const port = fork.network ? privatePort(spec.port, taken) : await hostPort(spec.port, taken);
       taken.add(port);
-      // Without a private network (none could be made), the servers use the host's, as the log says.
-      const handle = fork.spawnLongRunning(['sh', '-c', spec.command], { cwd: repoDir, env: { PORT: String(port) }, network: options.network || fork.network === null });
+      const handle = fork.spawnLongRunning(['sh', '-c', spec.command], {
+        cwd: repoDir,
+        env: { PORT: String(port) },
+        network: options.network || hostNetwork,
+        hostNetwork,
+      });
       records.push(processRecord(spec.name, handle.pid));
       await writeProcessRecords(fork.info.dir, records);
       started.push({ status: { name: spec.name, port, url: `http://127.0.0.1:${port}`, healthy: false }, handle, spec });
@@ -169,9 +197,10 @@ function running(
   records: ProcessRecord[],
   holder: LongRunningProcess | null,
   mount: LongRunningProcess | null = null,
+  unstarted: DevServerStatus[] = [],
 ): RunningDevServers {
   return {
-    servers: started.map(({ status }) => status),
+    servers: [...started.map(({ status }) => status), ...unstarted],
     env() {
       const env: Record<string, string> = {};
       for (const { status } of started.filter(({ status }) => status.healthy)) {
@@ -297,21 +326,10 @@ function tryListen(port: number): Promise<number | null> {
 /**
  * Makes a private network namespace held by a sleeping bubblewrap process, and checks that this process
  * may enter it; with `outside`, connects it through slirp4netns (stopped with the holder, and recorded by
- * its pid since another process may have to stop it). Null (and a log line) where it cannot.
+ * its pid since another process may have to stop it). Answers why where it cannot.
  */
-async function makePrivateNetwork(
-  log: (message: string) => void,
-  outside: boolean,
-): Promise<{ holder: LongRunningProcess; network: ForkNetwork; slirpPid: number | null } | null> {
-  const fallback = (why: string) => {
-    log(
-      outside
-        ? `dev servers cannot start: a private network for the fork could not be made or connected (${why})`
-        : `dev servers run outside the fork's network, as commands with network access do (a private network for the fork could not be made: ${why}); commands without network access cannot reach them`,
-    );
-    return null;
-  };
-  if (!sandboxCapabilities().bwrap) return fallback('bubblewrap is not available');
+async function makePrivateNetwork(outside: boolean): Promise<{ holder: LongRunningProcess; network: ForkNetwork; slirpPid: number | null } | string> {
+  if (!sandboxCapabilities().bwrap) return 'bubblewrap is not available';
   const args = ['--die-with-parent', '--unshare-net', '--info-fd', '3'];
   for (const dir of SYSTEM_DIRS) args.push('--ro-bind-try', dir, dir);
   const child = spawn('bwrap', [...args, '--', 'sleep', 'infinity'], { detached: true, stdio: ['ignore', 'ignore', 'pipe', 'pipe'] });
@@ -337,19 +355,19 @@ async function makePrivateNetwork(
   });
   if (childPid === null) {
     await holder.stop(0);
-    return fallback(stderr.trim() || 'bubblewrap did not report its namespace');
+    return stderr.trim() || 'bubblewrap did not report its namespace';
   }
   let inode: string;
   try {
     inode = readlinkSync(`/proc/${childPid}/ns/net`);
   } catch (error) {
     await holder.stop(0);
-    return fallback((error as Error).message);
+    return (error as Error).message;
   }
   const entered = await runProcessGroup(['nsenter', `--net=/proc/${childPid}/ns/net`, 'true'], { timeoutMs: 10_000 });
   if (entered.exitCode !== 0) {
     await holder.stop(0);
-    return fallback(entered.stderr.trim() || `nsenter exited with ${entered.exitCode}`);
+    return entered.stderr.trim() || `nsenter exited with ${entered.exitCode}`;
   }
   if (!outside) return { holder, network: { holderPid: childPid, inode }, slirpPid: null };
   try {
@@ -366,7 +384,7 @@ async function makePrivateNetwork(
     return { holder, network: { holderPid: childPid, inode, outside: true }, slirpPid: slirp.pid };
   } catch (error) {
     await holder.stop(0);
-    return fallback((error as Error).message);
+    return (error as Error).message;
   }
 }
 

@@ -78,10 +78,16 @@ export interface RunOptions {
    * private network. The host's network is never shared with it. Needs bubblewrap.
    */
   egressDir?: string;
+  /**
+   * With `network`: share the host's network even where slirp4netns could give the command its own.
+   * Only where the policy allows the host's network (throws otherwise): dev servers where no private
+   * namespace can be made, which must stay reachable from the host (their health check).
+   */
+  hostNetwork?: boolean;
 }
 
 /** What a long-running process (a dev server) is started with; it runs until stopped. */
-export type LongRunningOptions = Pick<RunOptions, 'cwd' | 'env' | 'network' | 'memoryMiB' | 'cpuSeconds'>;
+export type LongRunningOptions = Pick<RunOptions, 'cwd' | 'env' | 'network' | 'hostNetwork' | 'memoryMiB' | 'cpuSeconds'>;
 
 /** A process group started by `spawnLongRunning`. */
 export interface LongRunningProcess {
@@ -220,6 +226,11 @@ export class Fork {
     return sandboxCapabilities().bwrap ? outsideNetworkOf(this.policy) : 'host';
   }
 
+  /** Whether the policy lets the fork's commands share the host's network (SVC_ALLOW_HOST_NETWORK). */
+  hostNetworkAllowed(): boolean {
+    return this.policy.allowHostNetwork === true;
+  }
+
   /** The namespace path of the fork's private network, if it still exists (checked against its inode). */
   privateNetworkPath(): string | null {
     return namespacePath(this.network, 'net');
@@ -272,7 +283,9 @@ export class Fork {
     // not); any other command makes a network of its own, empty or connected through slirp4netns.
     const wantsOutside = outsideAccess(options);
     const held = bwrap && (this.network?.outside === true) === wantsOutside ? this.privateNetworkPath() : null;
-    const outside: OutsideNetwork | null = bwrap && wantsOutside ? (held ? 'slirp4netns' : outsideNetworkOf(this.policy)) : null;
+    if (wantsOutside && options.hostNetwork && !this.hostNetworkAllowed()) throw new Error("the host's network is not allowed here (SVC_ALLOW_HOST_NETWORK)");
+    const outside: OutsideNetwork | null =
+      bwrap && wantsOutside ? (held ? 'slirp4netns' : options.hostNetwork ? 'host' : outsideNetworkOf(this.policy)) : null;
     const connect = outside === 'slirp4netns' && held === null;
     const memoryMiB = options.memoryMiB ?? this.policy.memoryMiB;
     const cpuSeconds = options.cpuSeconds ?? this.policy.cpuSeconds;
