@@ -7,6 +7,7 @@ import { beforeAll, describe, expect, it } from 'vitest';
 import { EGRESS_DIR, ForkManager, sandboxCapabilities, type Fork } from '../src/sandbox/fork.js';
 import {
   describeOutsideNetwork,
+  loopbackUp,
   OutsideNetworkUnavailableError,
   outsideNetworkOf,
   probeOutsideNetwork,
@@ -157,6 +158,27 @@ describe('sandbox forks', () => {
     expect(probeOutsideNetwork({ tunDevice: join(root, 'no-such-tun') })).toBe('/dev/net/tun');
     // This host has both (the test above connects a sandbox through slirp4netns).
     expect(probeOutsideNetwork()).toBeNull();
+  });
+
+  it('waits for the sandbox\'s loopback before slirp4netns, a short while where it cannot be seen, not at all for a gone process', async () => {
+    const failing = (code: string) => () => {
+      throw Object.assign(new Error(code), { code });
+    };
+    let started = Date.now();
+    await loopbackUp(1, failing('ENOENT'));
+    expect(Date.now() - started).toBeLessThan(50);
+    started = Date.now();
+    await loopbackUp(1, failing('EACCES'));
+    expect(Date.now() - started).toBeGreaterThanOrEqual(100);
+    expect(Date.now() - started).toBeLessThan(1_000);
+    // Unreadable for a moment, then up: it returns as soon as it sees 127.0.0.1.
+    let reads = 0;
+    await loopbackUp(1, () => {
+      reads += 1;
+      if (reads < 3) throw Object.assign(new Error('EACCES'), { code: 'EACCES' });
+      return reads < 5 ? '' : '|-- 127.0.0.1\n';
+    });
+    expect(reads).toBe(5);
   });
 
   it('points a sandbox at slirp4netns\'s DNS forwarder where the host resolves on its loopback', () => {

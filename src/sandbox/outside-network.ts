@@ -110,19 +110,31 @@ export interface SlirpProcess {
   stop(): Promise<void>;
 }
 
+/** How long `loopbackUp` waits where it cannot see the namespace's routes. */
+const UNSEEN_LOOPBACK_WAIT_MS = 100;
+
 /**
  * Waits (bounded) until the namespace's loopback is up, as bubblewrap brings it up: bubblewrap reports its
  * child while that child still sets up the loopback, and slirp4netns bringing `lo` up meanwhile (the kernel
  * then adds 127.0.0.1 itself) fails bubblewrap's own request ("loopback: Failed RTM_NEWADDR").
+ * Returns at once only where the process is gone (slirp4netns then reports that). Where its routes cannot
+ * be read (hidepid, a process whose credentials are changing), returning at once would race bubblewrap
+ * again, and polling to the bound would delay every command by it: it keeps trying for a short fixed while,
+ * far longer than bubblewrap's one netlink request takes, then lets slirp4netns go ahead.
+ * `read` is there for tests.
  */
-async function loopbackUp(targetPid: number): Promise<void> {
+export async function loopbackUp(targetPid: number, read: (path: string) => string = (path) => readFileSync(path, 'utf8')): Promise<void> {
   const deadline = Date.now() + READY_TIMEOUT_MS;
+  let unseenUntil: number | null = null;
   while (Date.now() < deadline) {
     try {
       // The local route of 127.0.0.1 exists once lo is up with its address.
-      if (readFileSync(`/proc/${targetPid}/net/fib_trie`, 'utf8').includes('127.0.0.1')) return;
-    } catch {
-      return; // gone, or not ours to read: slirp4netns reports what it finds
+      if (read(`/proc/${targetPid}/net/fib_trie`).includes('127.0.0.1')) return;
+    } catch (error) {
+      const code = (error as NodeJS.ErrnoException).code;
+      if (code === 'ENOENT' || code === 'ESRCH') return;
+      unseenUntil ??= Date.now() + UNSEEN_LOOPBACK_WAIT_MS;
+      if (Date.now() >= unseenUntil) return;
     }
     await new Promise((resolveWait) => setTimeout(resolveWait, 2));
   }
