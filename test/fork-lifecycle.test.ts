@@ -5,12 +5,12 @@ import { join } from 'node:path';
 import { eq, sql } from 'drizzle-orm';
 import pino from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { ForkLifecycle, type AcquireInput, type ForkLifecycleOptions, type TickResult } from '../src/engine/fork-lifecycle.js';
+import { ForkLifecycle, forkFilesChangedAt, type AcquireInput, type ForkLifecycleOptions, type TickResult } from '../src/engine/fork-lifecycle.js';
 import { Scheduler } from '../src/engine/scheduler.js';
 import { readProcessRecords, startDevServers } from '../src/sandbox/dev-servers.js';
 import { DevServerSpec } from '../src/sandbox/environment.js';
 import { EnvironmentStore } from '../src/sandbox/environment-versions.js';
-import { groupRunning, sandboxCapabilities, type Fork } from '../src/sandbox/fork.js';
+import { ForkManager, groupRunning, sandboxCapabilities, type Fork } from '../src/sandbox/fork.js';
 import type { Db } from '../src/store/db.js';
 import { forks } from '../src/store/schema.js';
 import { insertJob, insertTask } from '../src/store/tasks.js';
@@ -293,6 +293,7 @@ describe.each(testDrivers)('fork lifecycle on %s', (driver) => {
     const outdated = await legacyFork(forksOf, host, 'in-place-1');
     const archived = await legacyFork(archiving, archivingHost, 'in-place-2');
     const unmarked = await legacyFork(forksOf, host, null);
+    const archivedEarlier = await legacyFork(forksOf, host, null);
     await tickUntil([archiving], archived.slug, 'archived');
     // Archived only once the environment is version 1: its archive is newer than version 1, its files are not.
     const unmarkedArchived = await legacyFork(archiving, archivingHost, null);
@@ -304,10 +305,16 @@ describe.each(testDrivers)('fork lifecycle on %s', (driver) => {
       throw new Error('an environment from before versions is adopted, not built');
     });
     await tickUntil([archiving], unmarkedArchived.slug, 'archived');
+    // Archived after version 1 by a release that did not adopt it first: its archive is newer than version 1.
+    await new ForkManager(join(forksRootOf(host), workspaceId), { hiddenPaths: [], allowUnsandboxed: false }).archive(archivedEarlier.slug, 'overlay');
     // A fork without a marker made after the environment became version 1 was not made from it.
     const newer = await legacyFork(forksOf, host, null);
     const later = new Date(Date.parse(first.record.createdAt) + 60_000);
     utimesSync(join(dirOf(host, newer.slug), 'upper'), later, later);
+    // Version 1 is kept for the older forks without a record, and not for the newer one alone.
+    expect(ForkLifecycle.versionsInUse(forksParent, workspaceId, store).has(1)).toBe(true);
+    expect(store.mayBeUnmarkedLegacyFork(Date.parse(first.record.createdAt) - 1)).toBe(true);
+    expect(store.mayBeUnmarkedLegacyFork(later.getTime())).toBe(false);
     const resumed = await acquire(forksOf, current, first);
     expect(resumed).toMatchObject({ fresh: false, outdated: false });
     expect(await sh(resumed.fork, 'cat web/a.txt web/b.txt')).toBe('legacy\nmine\n');
@@ -321,7 +328,7 @@ describe.each(testDrivers)('fork lifecycle on %s', (driver) => {
     await archiving.release(restored.fork);
 
     // Forks without a marker resume when their files are older than version 1, archived or not.
-    for (const [lifecycleOf, task] of [[forksOf, unmarked], [archiving, unmarkedArchived]] as const) {
+    for (const [lifecycleOf, task] of [[forksOf, unmarked], [archiving, unmarkedArchived], [forksOf, archivedEarlier]] as const) {
       const unmarkedResumed = await acquire(lifecycleOf, task, first);
       expect(unmarkedResumed).toMatchObject({ fresh: false, outdated: false });
       expect(await sh(unmarkedResumed.fork, 'cat web/a.txt web/b.txt')).toBe('legacy\nmine\n');
@@ -414,5 +421,36 @@ describe('versions forks use', () => {
     expect([...ForkLifecycle.versionsInUse(forksParent, 'acme')].sort()).toEqual([1, 5]);
     rmSync(join(workspace, 'unmarked.tar.gz'));
     expect([...ForkLifecycle.versionsInUse(forksParent, 'acme')]).toEqual([5]);
+  });
+
+  it('keeps the first version only for forks with no record whose files, archived or not, are older than it', async () => {
+    const forksParent = mkdtempSync(join(tmpdir(), 'svc-forks-in-use-'));
+    const workspace = join(forksParent, 'host-a', 'acme');
+    const adoptedAt = Date.parse('2026-01-01T00:00:00Z');
+    const environment = { mayBeUnmarkedLegacyFork: (changedAt: number | null) => changedAt === null || changedAt < adoptedAt };
+    const inUse = () => [...ForkLifecycle.versionsInUse(forksParent, 'acme', environment)];
+    const forkWithFiles = (name: string, at: Date) => {
+      mkdirSync(join(workspace, name, 'upper', 'web'), { recursive: true });
+      writeFileSync(join(workspace, name, 'upper', 'web', 'b.txt'), 'mine\n');
+      utimesSync(join(workspace, name, 'upper'), at, at);
+    };
+    const [before, after] = [new Date(adoptedAt - 86_400_000), new Date(adoptedAt + 86_400_000)];
+    // A fork dir that merely looks like a fork, made after version 1: it keeps nothing.
+    forkWithFiles('newer', after);
+    expect(inUse()).toEqual([]);
+    forkWithFiles('older', before);
+    expect(inUse()).toEqual([1]);
+    // Archived (now, after version 1): judged by the time its files have in the archive.
+    const manager = new ForkManager(workspace, { hiddenPaths: [], allowUnsandboxed: false });
+    await manager.archive('older', 'overlay');
+    expect(existsSync(join(workspace, 'older'))).toBe(false);
+    expect(forkFilesChangedAt(join(workspace, 'older'))).toBe(before.getTime());
+    expect(inUse()).toEqual([1]);
+    await manager.archive('newer', 'overlay');
+    rmSync(join(workspace, 'older.tar.gz'));
+    expect(inUse()).toEqual([]);
+    // An archive whose time cannot be read is kept resumable: its work may be from before version 1.
+    writeFileSync(join(workspace, 'unreadable.tar.gz'), 'not a gzip');
+    expect(inUse()).toEqual([1]);
   });
 });

@@ -405,7 +405,8 @@ export class Environments {
       try {
         await this.update(workspaceId);
         if (this.current(workspaceId)?.version !== before.version) result.updated += 1;
-        const collected = await this.store(workspaceId).collect(ForkLifecycle.versionsInUse(join(this.options.dataDir, 'forks'), workspaceId));
+        const store = this.store(workspaceId);
+        const collected = await store.collect(ForkLifecycle.versionsInUse(join(this.options.dataDir, 'forks'), workspaceId, store));
         result.versions += collected.versions;
         result.layers += collected.layers;
       } catch (error) {

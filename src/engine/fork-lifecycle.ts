@@ -31,13 +31,15 @@
  * have a `.lower-version` marker instead). It is resumed on the layer its environment was moved into
  * when that environment became version 1 (`EnvironmentStore.legacyLower`), and gets a `.lower` record;
  * until then it keeps version 1 from being collected (a fork without a record may resume on it). One
- * without a marker either (older than the marker) is resumed only when its files are older than version
- * 1: a newer one was not made from it. A legacy fork is given its record before it is archived too, since
- * the archive is newer than its files.
+ * without a marker either (older than the marker) is resumed, and keeps version 1, only when its files
+ * are older than version 1 (`EnvironmentStore.mayBeUnmarkedLegacyFork`, `forkFilesChangedAt`): a newer
+ * one was not made from it. An archive is newer than its files, so an archived fork is judged by the time
+ * its files have in the archive; a legacy fork is also given its record before it is archived.
  */
-import { existsSync, readdirSync, readFileSync } from 'node:fs';
-import { rename, rm, stat, writeFile } from 'node:fs/promises';
+import { closeSync, existsSync, openSync, readdirSync, readFileSync, readSync, statSync } from 'node:fs';
+import { rename, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
+import { constants as zlib, gunzipSync } from 'node:zlib';
 import { and, eq, isNull } from 'drizzle-orm';
 import type { Logger } from 'pino';
 import { readProcessRecords, stopRecordedProcesses, type ProcessRecord } from '../sandbox/dev-servers.js';
@@ -243,13 +245,11 @@ export class ForkLifecycle {
   private async adoptLegacyLower(manager: ForkManager, row: ForkRow): Promise<void> {
     if (!this.options.environmentsRoot || (row.mode as ForkMode) !== 'overlay' || manager.lowerOf(row.name)) return;
     const dir = manager.dirOf(row.name);
-    // When its files last changed at their top: the upper dir (the fork's directory itself also changes
-    // when its dev servers are recorded or stopped), or else the archive's time.
-    const filesAt = [join(dir, 'upper'), dir, manager.archiveOf(row.name)].find((path) => existsSync(path));
-    if (!filesAt) return;
+    const changedAt = forkFilesChangedAt(dir);
+    if (changedAt === undefined) return;
     const marker = existsSync(`${dir}${LEGACY_LOWER_SUFFIX}`) ? readFileSync(`${dir}${LEGACY_LOWER_SUFFIX}`, 'utf8') : null;
     const store = new EnvironmentStore(join(this.options.environmentsRoot, row.workspaceId), this.options.policy);
-    const lower = await store.legacyLower({ marker, changedAt: (await stat(filesAt)).mtimeMs });
+    const lower = await store.legacyLower({ marker, changedAt });
     if (!lower) return;
     await writeFile(`${dir}${LOWER_SUFFIX}.tmp`, JSON.stringify(lower));
     await rename(`${dir}${LOWER_SUFFIX}.tmp`, `${dir}${LOWER_SUFFIX}`);
@@ -289,9 +289,10 @@ export class ForkLifecycle {
 
   /**
    * The environment versions forks of `workspaceId` use, on every host under `forksParent` (`dataDir/forks`):
-   * what environment garbage collection must keep.
+   * what environment garbage collection must keep. `environment` (the workspace's) judges forks with no
+   * record of their version; without it, each of them keeps version 1.
    */
-  static versionsInUse(forksParent: string, workspaceId: string): Set<number> {
+  static versionsInUse(forksParent: string, workspaceId: string, environment?: Pick<EnvironmentStore, 'mayBeUnmarkedLegacyFork'>): Set<number> {
     const versions = new Set<number>();
     if (!existsSync(forksParent)) return versions;
     for (const host of readdirSync(forksParent)) {
@@ -299,13 +300,15 @@ export class ForkLifecycle {
       if (!existsSync(dir)) continue;
       for (const entry of readdirSync(dir)) {
         // A fork from before versions, not yet resumed: it may resume on the first version. So may a fork
-        // (its directory or its archive) with no record at all, older than the marker.
+        // (its directory or its archive) with no record at all (older than the marker) or an unreadable
+        // one, when its files are older than the first version: the rule its resumption follows.
         if (entry.endsWith(LEGACY_LOWER_SUFFIX)) versions.add(LEGACY_VERSION);
         const fork = entry.endsWith(ARCHIVE_SUFFIX) ? entry.slice(0, -ARCHIVE_SUFFIX.length) : entry;
-        if (FORK_NAME.test(fork) && !readSnapshot(join(dir, `${fork}${LOWER_SUFFIX}`))) versions.add(LEGACY_VERSION);
+        if (FORK_NAME.test(fork) && !readSnapshot(join(dir, `${fork}${LOWER_SUFFIX}`))) {
+          if (!environment || environment.mayBeUnmarkedLegacyFork(forkFilesChangedAt(join(dir, fork)) ?? null)) versions.add(LEGACY_VERSION);
+        }
         if (!entry.endsWith(LOWER_SUFFIX)) continue;
         const snapshot = readSnapshot(join(dir, entry));
-        // A record that cannot be read protects nothing; its fork is made fresh when next acquired.
         if (snapshot) versions.add(snapshot.version);
       }
     }
@@ -430,6 +433,68 @@ export class ForkLifecycle {
       throw new ClaimLostError(claimed.name);
     }
   }
+}
+
+/**
+ * When the files of the fork at `dir` last changed (ms), at their top: its upper dir (the fork's directory
+ * itself also changes when its dev servers are recorded or stopped), else its directory; when only its
+ * archive is left, the upper dir's time as archived (the archive itself is newer than its files: it may
+ * have been made after version 1). Undefined when the fork has no files here; null when the archive's
+ * time cannot be read.
+ */
+export function forkFilesChangedAt(dir: string): number | null | undefined {
+  for (const path of [join(dir, 'upper'), dir]) {
+    try {
+      return statSync(path).mtimeMs;
+    } catch {
+      // Not there: the next place.
+    }
+  }
+  const archive = `${dir}${ARCHIVE_SUFFIX}`;
+  return existsSync(archive) ? archivedTopTime(archive) : undefined;
+}
+
+/** A tar header's block; the first entry's headers fit in the first blocks read here. */
+const TAR_BLOCK = 512;
+const ARCHIVE_HEAD_BYTES = 64 * 1024;
+
+/**
+ * The time of the top directory (`./`, the fork's upper dir) in a fork's archive (ForkManager.archive: a
+ * gzipped tar of that directory, its first entry), read from the archive's first blocks; null when it
+ * cannot be read there.
+ */
+function archivedTopTime(archive: string): number | null {
+  let tar: Buffer;
+  try {
+    const head = Buffer.alloc(ARCHIVE_HEAD_BYTES);
+    const file = openSync(archive, 'r');
+    try {
+      tar = gunzipSync(head.subarray(0, readSync(file, head, 0, head.length, 0)), { finishFlush: zlib.Z_SYNC_FLUSH });
+    } finally {
+      closeSync(file);
+    }
+  } catch {
+    return null;
+  }
+  const field = (at: number, start: number, length: number): string => tar.subarray(at + start, at + start + length).toString('latin1').replace(/\0.*$/s, '').trim();
+  let paxTime: number | null = null;
+  for (let at = 0; at + TAR_BLOCK <= tar.length; ) {
+    if (field(at, 257, 5) !== 'ustar') return null;
+    const type = field(at, 156, 1);
+    const size = parseInt(field(at, 124, 12) || '0', 8);
+    if (type === 'x') {
+      // A pax header (GNU tar writes one for xattrs): its `mtime=` is the entry's exact time.
+      const records = tar.subarray(at + TAR_BLOCK, at + TAR_BLOCK + size).toString('utf8');
+      const mtime = /(?:^|\n)\d+ mtime=([\d.]+)\n/.exec(records)?.[1];
+      if (mtime) paxTime = Number(mtime) * 1000;
+      at += TAR_BLOCK + Math.ceil(size / TAR_BLOCK) * TAR_BLOCK;
+      continue;
+    }
+    if (type !== '5' || !['.', './'].includes(field(at, 0, 100))) return null;
+    const seconds = parseInt(field(at, 136, 12), 8);
+    return paxTime ?? (Number.isFinite(seconds) ? seconds * 1000 : null);
+  }
+  return null;
 }
 
 function defaultMode(): ForkMode {

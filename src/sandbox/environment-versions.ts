@@ -354,17 +354,16 @@ export class EnvironmentStore {
    * The version a fork made before versions existed was made from: the environment as it was moved into
    * its `legacy-*` layer (version 1), touched as in use. `marker` is what the fork recorded beside it
    * then (`.lower-version`: the environment's in-place version, kept in `<root>.version`), or null for a
-   * fork older than that record; `changedAt` is when the fork's files last changed (ms). Null when this
-   * environment was not adopted, that version is gone, the environment had changed in place since the
-   * fork was made (the fork was already outdated then), or a fork without a marker is newer than version
-   * 1 (it cannot have been made from the environment as it was moved).
+   * fork older than that record; `changedAt` is when the fork's files last changed (ms; null: unknown).
+   * Null when this environment was not adopted, that version is gone, the environment had changed in
+   * place since the fork was made (the fork was already outdated then), or a fork without a marker is not
+   * `mayBeUnmarkedLegacyFork`.
    */
-  async legacyLower(fork: { marker: string | null; changedAt: number }): Promise<EnvironmentSnapshot | null> {
+  async legacyLower(fork: { marker: string | null; changedAt: number | null }): Promise<EnvironmentSnapshot | null> {
     const { marker } = fork;
-    const version = this.read(LEGACY_VERSION);
-    const layer = version?.record.layers.length === 1 && version.record.layers[0]!.startsWith(LEGACY_LAYER_PREFIX) ? version.layers[0]! : null;
-    if (!version || !layer || !existsSync(layer)) return null;
-    if (marker === null && !(fork.changedAt < Date.parse(version.record.createdAt))) return null;
+    const layer = this.legacyLayer();
+    if (!layer) return null;
+    if (marker === null && !this.mayBeUnmarkedLegacyFork(fork.changedAt)) return null;
     if (marker !== null) {
       let adopted = '0';
       try {
@@ -375,8 +374,28 @@ export class EnvironmentStore {
       if (marker !== adopted) return null;
     }
     const now = new Date();
-    await utimes(layer, now, now);
-    return { version: LEGACY_VERSION, layers: [layer] };
+    await utimes(layer.path, now, now);
+    return { version: LEGACY_VERSION, layers: [layer.path] };
+  }
+
+  /** Version 1's layer when it is an environment from before versions, adopted (and still there). */
+  private legacyLayer(): { path: string; adoptedAt: number } | null {
+    const version = this.read(LEGACY_VERSION);
+    if (version?.record.layers.length !== 1 || !version.record.layers[0]!.startsWith(LEGACY_LAYER_PREFIX)) return null;
+    const path = version.layers[0]!;
+    return existsSync(path) ? { path, adoptedAt: Date.parse(version.record.createdAt) } : null;
+  }
+
+  /**
+   * Whether a fork with neither a record of its version nor a marker (older than the marker), whose files
+   * last changed at `changedAt` (ms), may have been made from the environment as it was adopted (version
+   * 1): only when its files are older than that version; a newer fork was not made from it. An unknown
+   * time (null) counts as older: the fork's work is kept. Both resuming such a fork and keeping version 1
+   * for it ask this.
+   */
+  mayBeUnmarkedLegacyFork(changedAt: number | null): boolean {
+    const layer = this.legacyLayer();
+    return layer !== null && (changedAt === null || changedAt < layer.adoptedAt);
   }
 
   /**
