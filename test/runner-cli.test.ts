@@ -15,9 +15,9 @@ import type { EnrollBody, RunManifest } from '../src/protocol/runner.js';
 import { RunnerHome } from '../src/runner/home.js';
 import { RunnerLockedError, acquireRunnerLock, lockHolder } from '../src/runner/lock.js';
 import { RunOutbox } from '../src/runner/outbox.js';
-import { pair } from '../src/runner/pair.js';
+import { PairingError, pair } from '../src/runner/pair.js';
 import { registrationOf } from '../src/runner/projects.js';
-import { RunRecords, groupExists } from '../src/runner/run-state.js';
+import { RunRecords, groupExists, type SignalGroup } from '../src/runner/run-state.js';
 import { freePort, runSvc } from './support/processes.js';
 
 const SPAWN_TIMEOUT_MS = 120_000;
@@ -295,6 +295,36 @@ describe('svc runner pair', () => {
       expect(groupExists(leftover.pid!)).toBe(false);
       expect(records.runIds()).toEqual([]);
       expect(lockHolder(home.lockFile)).toBeNull();
+    } finally {
+      if (groupExists(leftover.pid!)) process.kill(-leftover.pid!, 'SIGKILL');
+    }
+  });
+
+  it('refuses to pair, in one line, while a process group of a run it would drop survives its stop', async () => {
+    const peer = await enrollmentPeer(null);
+    const home = new RunnerHome(tempDir('svc-cli-home-')).ensure();
+    home.writeConnection(connection(peer.baseUrl));
+    const records = new RunRecords(home);
+    const runId = randomUUID();
+    records.write({ manifest: { ...manifestOf(runId), state: 'executing', generation: 1 }, phase: 'executing' });
+    const leftover = spawn('sleep', ['300'], { detached: true, stdio: 'ignore' });
+    try {
+      mkdirSync(records.groupsDirOf(runId), { recursive: true });
+      writeFileSync(join(records.groupsDirOf(runId), 'left.pid'), `${leftover.pid}\n`);
+      // A member that changed user: every signal to the group answers EPERM.
+      const signal: SignalGroup = (pgid, sig) => {
+        if (pgid === leftover.pid) throw Object.assign(new Error('kill EPERM'), { code: 'EPERM' });
+        process.kill(-pgid, sig);
+      };
+      const shown: string[] = [];
+      const options = { home, server: peer.baseUrl, name: 'laptop', env: {}, show: (line: string) => shown.push(line), readCode: async () => 'ACDE-FGHK', groups: { signal, stopTimeoutMs: 100 } };
+      const error = await pair(options).catch((failure: unknown) => failure);
+      expect(error).toBeInstanceOf(PairingError);
+      expect((error as Error).message).toMatch(new RegExp(`^process group\\(s\\) ${leftover.pid} of run ${runId} still run after SIGKILL; pairing again drops that run`));
+      expect((error as Error).message).not.toContain('\n');
+      expect([shown, peer.enrollments]).toEqual([[], []]);
+      expect(records.read(runId)?.phase).toBe('executing');
+      expect(records.recordedGroups(runId)).toEqual([leftover.pid]);
     } finally {
       if (groupExists(leftover.pid!)) process.kill(-leftover.pid!, 'SIGKILL');
     }

@@ -21,7 +21,7 @@ import { RunOutbox } from '../src/runner/outbox.js';
 import { lockHolder } from '../src/runner/lock.js';
 import type { Log } from '../src/runner/log.js';
 import { addProject } from '../src/runner/projects.js';
-import { RunRecords, groupExists } from '../src/runner/run-state.js';
+import { RunRecords, groupExists, type GroupControl, type SignalGroup } from '../src/runner/run-state.js';
 import { runnerStatus } from '../src/runner/status.js';
 import { startFakeModel, type FakeModel, type ScriptedAnswer } from './support/fake-model.js';
 
@@ -272,7 +272,7 @@ interface Setup {
   start(concurrency?: number, log?: Log): { daemon: RunnerDaemon; running: Promise<void> };
 }
 
-async function setup(script: ScriptedAnswer[]): Promise<Setup> {
+async function setup(script: ScriptedAnswer[], options: { groups?: GroupControl } = {}): Promise<Setup> {
   const peer = new ProtocolPeer();
   await peer.start();
   cleanups.push(() => peer.close());
@@ -310,7 +310,7 @@ async function setup(script: ScriptedAnswer[]): Promise<Setup> {
     logs,
     start(concurrency = 2, log: Log = (line) => logs.push(line)) {
       // Backoff waits stay short (a tenth of each ceiling) so that retries happen within the test.
-      const daemon = new RunnerDaemon({ home, concurrency, env, log, client: { random: () => 0.1 } });
+      const daemon = new RunnerDaemon({ home, concurrency, env, log, client: { random: () => 0.1 }, ...(options.groups ? { groups: options.groups } : {}) });
       const running = daemon.run();
       cleanups.push(async () => {
         daemon.stop();
@@ -570,13 +570,50 @@ describe('the runner daemon against a protocol peer', () => {
     expect(s.peer.runs.get(damaged.runId)!.claims).toBe(1);
   });
 
+  it('reports no run while a process group it left survives its stop, keeps that group\'s record, and reports the run once the group is gone', async () => {
+    const leftover = spawn('sleep', ['300'], { detached: true, stdio: 'ignore' });
+    cleanups.push(() => groupExists(leftover.pid!) && process.kill(-leftover.pid!, 'SIGKILL'));
+    // A member of the group that changed user: every signal to the group answers EPERM, so it cannot be
+    // killed and still exists.
+    let survives = true;
+    const signal: SignalGroup = (pgid, sig) => {
+      if (survives && pgid === leftover.pid) throw Object.assign(new Error('kill EPERM'), { code: 'EPERM' });
+      process.kill(-pgid, sig);
+    };
+    const s = await setup([], { groups: { signal, stopTimeoutMs: 100 } });
+    const records = new RunRecords(s.home);
+    const manifest = s.peer.addRun({ projectId: s.projectId, permissionMode: 'full' });
+    Object.assign(s.peer.runs.get(manifest.runId)!, { claims: 1 });
+    Object.assign(s.peer.runs.get(manifest.runId)!.manifest, { state: 'executing', generation: 1 });
+    const run = s.peer.runs.get(manifest.runId)!.manifest;
+    records.write({ manifest: run, phase: 'executing' });
+    mkdirSync(records.groupsDirOf(run.runId), { recursive: true });
+    const groupFile = join(records.groupsDirOf(run.runId), 'left.pid');
+    writeFileSync(groupFile, `${leftover.pid}\n`);
+
+    s.start();
+    await waitFor('a second pass over the run', () => s.logs.filter((line) => line.includes(`run ${run.runId}`) && line.includes('still run after SIGKILL')).length >= 1 && s.peer.requests.filter((request) => request.path === '/runs').length >= 2);
+    expect(s.logs.find((line) => line.startsWith(`run ${run.runId}: not taken over: its process groups could not be stopped`))).toBeDefined();
+    expect(s.peer.runs.get(run.runId)!.receipt).toBeNull();
+    expect(s.peer.calls(run.runId)).toEqual([]);
+    expect(records.read(run.runId)?.phase).toBe('executing');
+    expect(readFileSync(groupFile, 'utf8')).toBe(`${leftover.pid}\n`);
+    expect(existsSync(join(s.home.dir, 'quarantine'))).toBe(false);
+
+    survives = false;
+    const receipt = await waitFor('the completion receipt', () => s.peer.runs.get(run.runId)!.receipt);
+    expect(receipt.outcome).toEqual({ status: 'failed', error: STOPPED_WHILE_EXECUTING });
+    expect(groupExists(leftover.pid!)).toBe(false);
+    expect(s.peer.runs.get(run.runId)!.claims).toBe(1);
+  });
+
   it('quarantines no freshly claimed run whose outbox cannot be opened for a reason other than damage: it is claimed again later', async () => {
     const s = await setup([{ toolCalls: [{ name: 'finish', arguments: { summary: 'Done.' } }] }]);
     const run = s.peer.addRun({ projectId: s.projectId, permissionMode: 'full' });
     // Opening its outbox fails (EISDIR), as a full disk or too many open files would.
     mkdirSync(join(s.home.runDir(run.runId), 'events.jsonl'), { recursive: true });
     s.start();
-    await waitFor('the log', () => s.logs.find((line) => line.startsWith(`run ${run.runId}: its outbox could not be opened`)));
+    await waitFor('the log', () => s.logs.find((line) => line.startsWith(`run ${run.runId}: its state here could not be set up`)));
     expect(s.peer.runs.get(run.runId)!.receipt).toBeNull();
     expect(existsSync(join(s.home.dir, 'quarantine'))).toBe(false);
 
@@ -586,6 +623,37 @@ describe('the runner daemon against a protocol peer', () => {
     expect(s.peer.runs.get(run.runId)!.claims).toBeGreaterThanOrEqual(2);
     expect(s.model.requests).toHaveLength(1);
     expect(existsSync(join(s.home.dir, 'quarantine'))).toBe(false);
+  });
+
+  it('goes on with the listing when a run\'s record cannot be written (a full disk), and sets that run up on a later pass', async () => {
+    const done = { toolCalls: [{ name: 'finish', arguments: { summary: 'Done.' } }] };
+    const s = await setup([done, done]);
+    // Claimed here in an earlier life, its record lost: adopted to report it.
+    const lost = s.peer.addRun({ projectId: s.projectId, permissionMode: 'full' });
+    Object.assign(s.peer.runs.get(lost.runId)!, { claims: 1 });
+    Object.assign(s.peer.runs.get(lost.runId)!.manifest, { state: 'syncing', generation: 1 });
+    const queued = s.peer.addRun({ projectId: s.projectId, permissionMode: 'full' });
+    const later = s.peer.addRun({ projectId: s.projectId, permissionMode: 'full' });
+    // The first write of each run's record fails as a full disk would.
+    const failing = new Set([lost.runId, queued.runId]);
+    const write = RunRecords.prototype.write;
+    const spy = vi.spyOn(RunRecords.prototype, 'write').mockImplementation(function (this: RunRecords, record) {
+      if (failing.delete(record.manifest.runId)) throw Object.assign(new Error('ENOSPC: no space left on device, write'), { code: 'ENOSPC' });
+      return write.call(this, record);
+    });
+    cleanups.push(() => spy.mockRestore());
+
+    s.start(3);
+    await waitFor('the logs', () =>
+      s.logs.find((line) => line.startsWith(`run ${lost.runId}: its state here could not be set up to report it: ENOSPC`)) &&
+      s.logs.find((line) => line.startsWith(`run ${queued.runId}: its state here could not be set up: ENOSPC`)),
+    );
+    // The listing went on past both: nothing failed the whole pass.
+    expect(s.logs.filter((line) => line.startsWith('signals:'))).toEqual([]);
+    expect(await waitFor('the later run\'s receipt', () => s.peer.runs.get(later.runId)!.receipt)).toMatchObject({ outcome: { status: 'completed' } });
+    expect(await waitFor('the queued run\'s receipt', () => s.peer.runs.get(queued.runId)!.receipt)).toMatchObject({ outcome: { status: 'completed' } });
+    expect(await waitFor('the lost run\'s receipt', () => s.peer.runs.get(lost.runId)!.receipt)).toMatchObject({ outcome: { status: 'failed', error: 'the runner lost the state of this run' } });
+    expect(s.logs.filter((line) => line.startsWith('signals:'))).toEqual([]);
   });
 
   it('never moves a run aside twice: one whose fresh state is damaged too is left alone', async () => {

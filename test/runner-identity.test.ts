@@ -14,7 +14,7 @@ import { RunnerHome } from '../src/runner/home.js';
 import { RunnerLockedError, acquireRunnerLock, lockHolder } from '../src/runner/lock.js';
 import { silentLog } from '../src/runner/log.js';
 import { processIdentity, type ProcessIdentity } from '../src/platform/process-identity.js';
-import { RunRecords, groupExists } from '../src/runner/run-state.js';
+import { ProcessGroupsSurviveError, RunRecords, groupExists, type SignalGroup } from '../src/runner/run-state.js';
 
 const children: ChildProcess[] = [];
 afterEach(() => {
@@ -67,6 +67,33 @@ describe('stopping the process groups a run left', () => {
     expect(await records.stopGroups(runId)).toBe(0);
     expect([groupExists(restarted), groupExists(rebooted), groupExists(later)]).toEqual([true, true, true]);
     // The stale records are dropped: they name nothing of this run any more.
+    expect(records.groupRecords(runId)).toEqual([]);
+  });
+});
+
+describe('a process group that survives its stop', () => {
+  it('keeps its record and throws, drops the records of the groups that are gone, and is stopped by a later call', async () => {
+    const [survivor, other] = [liveGroup(), liveGroup()];
+    // A member that changed user: the group answers EPERM to every signal.
+    let survives = true;
+    const signal: SignalGroup = (pgid, sig) => {
+      if (survives && pgid === survivor) throw Object.assign(new Error('kill EPERM'), { code: 'EPERM' });
+      process.kill(-pgid, sig);
+    };
+    const records = new RunRecords(home(), silentLog, { signal, stopTimeoutMs: 100 });
+    const runId = randomUUID();
+    const kept = groupFile(records, runId, survivor, processIdentity(survivor)!);
+    groupFile(records, runId, other, processIdentity(other)!);
+
+    const error = await records.stopGroups(runId).catch((failure: unknown) => failure);
+    expect(error).toBeInstanceOf(ProcessGroupsSurviveError);
+    expect((error as ProcessGroupsSurviveError).pgids).toEqual([survivor]);
+    expect(records.groupRecords(runId).map((record) => record.path)).toEqual([kept]);
+    expect([groupExists(survivor), groupExists(other)]).toEqual([true, false]);
+
+    survives = false;
+    expect(await records.stopGroups(runId)).toBe(1);
+    expect(groupExists(survivor)).toBe(false);
     expect(records.groupRecords(runId)).toEqual([]);
   });
 });

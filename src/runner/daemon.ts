@@ -46,7 +46,7 @@ import { errorText, stderrLog, type Log } from './log.js';
 import { OutboxCorruptError, RunOutbox } from './outbox.js';
 import { registrationOf } from './projects.js';
 import { reviewAnswer } from './review.js';
-import { RunRecordDamagedError, RunRecords, type RunRecord } from './run-state.js';
+import { RunRecordDamagedError, RunRecords, type GroupControl, type RunRecord } from './run-state.js';
 import { Uploader } from './upload.js';
 
 export const STOPPED_WHILE_EXECUTING = 'the runner stopped while this run executed';
@@ -62,6 +62,8 @@ export interface DaemonOptions {
   waitMs?: number;
   /** Client seams (tests): waits, randomness. */
   client?: Pick<RunnerClientOptions, 'sleep' | 'random' | 'timeoutMs'>;
+  /** Process group seams (tests): how groups are signalled, how long a stop waits. */
+  groups?: GroupControl;
 }
 
 /** Ends the daemon: the connection cannot go on (revoked, unknown credential). */
@@ -131,7 +133,7 @@ export class RunnerDaemon {
         // nowhere left to say it
       }
     };
-    this.records = new RunRecords(options.home, this.log);
+    this.records = new RunRecords(options.home, this.log, options.groups);
     this.env = options.env ?? process.env;
     this.concurrency = Math.max(1, options.concurrency ?? 2);
     this.waitMs = Math.min(options.waitMs ?? RUNNER_LIMITS.maxWaitMs, RUNNER_LIMITS.maxWaitMs);
@@ -524,9 +526,11 @@ export class RunnerDaemon {
   /** A claimed run this runner has no record of: report it as the server sees it must end, after `event` if given. */
   private async adopt(run: RunManifest, phase: 'finished' | 'synced', outcome: RunOutcome, event?: RunnerEvent): Promise<void> {
     if (this.records.read(run.runId)) return;
-    const record = this.records.write({ manifest: run, phase, outcome });
+    let record: RunRecord;
     let outbox: RunOutbox | null;
     try {
+      // Inside the try: a full disk is retried for this run, and the rest of the listing goes on.
+      record = this.records.write({ manifest: run, phase, outcome });
       outbox = await this.openOutbox(run);
       if (!outbox) return;
       if (event) await outbox.append(event);
@@ -564,16 +568,17 @@ export class RunnerDaemon {
       this.log(`run ${run.runId}: the claim's answer names generation ${manifest.generation} of run ${manifest.runId}; not executed`);
       return;
     }
-    // Recorded before anything runs: after a crash, a run with a record is never executed again.
-    const record = this.records.write({ manifest, phase: 'executing' });
+    let record: RunRecord;
     let outbox: RunOutbox | null;
     try {
+      // Recorded before anything runs: after a crash, a run with a record is never executed again.
+      record = this.records.write({ manifest, phase: 'executing' });
       outbox = await this.openOutbox(manifest);
     } catch (error) {
       // It never ran: without its record it is not reported failed after a restart, and a later listing
-      // claims it again.
+      // claims it again. The rest of the listing goes on.
       this.dropRecord(manifest.runId);
-      this.retryLater(manifest.runId, `its outbox could not be opened: ${errorText(error)}; it did not run, and is claimed again later`);
+      this.retryLater(manifest.runId, `its state here could not be set up: ${errorText(error)}; it did not run, and is claimed again later`);
       return;
     }
     if (!outbox) return;
@@ -697,7 +702,14 @@ export class RunnerDaemon {
       new Promise((resolve) => (timer = setTimeout(resolve, UNWIND_MS))),
     ]);
     clearTimeout(timer);
-    for (const execution of executions) await this.records.stopGroups(execution.manifest.runId);
+    for (const execution of executions) {
+      try {
+        await this.records.stopGroups(execution.manifest.runId);
+      } catch (error) {
+        // Its record stays `executing` with the groups' files: the next start stops them before it reports the run.
+        this.log(`run ${execution.manifest.runId}: ${errorText(error)}; the next start stops what is left before it reports the run`);
+      }
+    }
     for (const outbox of this.outboxes.values()) await outbox.close().catch(() => undefined);
   }
 }

@@ -19,7 +19,8 @@ import { BUILTIN_HARNESSES } from './discovery.js';
 import type { RunnerHome } from './home.js';
 import { errorText, type Log } from './log.js';
 import type { RunOutbox } from './outbox.js';
-import type { RunRecords } from './run-state.js';
+import { backoffDelay, sleep } from './backoff.js';
+import { ProcessGroupsSurviveError, type RunRecords } from './run-state.js';
 import { prepareTaskFolder } from './worktree.js';
 
 /** Why a run stopped before its harness ended by itself. */
@@ -143,6 +144,31 @@ export function startExecution(context: ExecutionContext, manifest: RunManifest,
     );
   };
 
+  /** Aborted by a shutdown, even of a run stopped before: no wait for its groups outlasts the daemon. */
+  const shutdown = new AbortController();
+
+  /**
+   * Stops the run's process groups, trying again while any survives; false when a shutdown came first (the
+   * record stays `executing` with the groups' files, and the next start stops them before reporting).
+   */
+  const stopAllGroups = async (): Promise<boolean> => {
+    for (let attempt = 0; ; attempt++) {
+      try {
+        await context.records.stopGroups(manifest.runId);
+        return true;
+      } catch (error) {
+        if (!(error instanceof ProcessGroupsSurviveError)) throw error;
+        if (attempt === 0 || (attempt + 1) % 10 === 0) context.log(`run ${manifest.runId}: ${error.message}; it is not over until they are gone (trying again)`);
+      }
+      if (shutdown.signal.aborted) return false;
+      try {
+        await sleep(backoffDelay(attempt), shutdown.signal);
+      } catch {
+        return false;
+      }
+    }
+  };
+
   const done = (async (): Promise<RunOutcome | null> => {
     let outcome: AgentOutcome;
     try {
@@ -153,7 +179,7 @@ export function startExecution(context: ExecutionContext, manifest: RunManifest,
       await emit({ kind: 'error', data: { message } }).catch((failure: unknown) => context.log(`run ${manifest.runId}: ${errorText(failure)}`));
     }
     // Whatever the harness left running goes before the run may report that its processes stopped.
-    await context.records.stopGroups(manifest.runId);
+    if (!(await stopAllGroups())) return null;
     if (stopReason === 'cancelled') return { status: 'cancelled', ...(manifest.nativeMode ? { nativeMode: manifest.nativeMode } : {}) };
     if (stopReason) return null;
     return receiptOutcome(outcome, manifest);
@@ -184,6 +210,7 @@ export function startExecution(context: ExecutionContext, manifest: RunManifest,
       }
     },
     stop(reason) {
+      if (reason === 'shutdown') shutdown.abort(new Error('the runner is stopping'));
       if (stopReason) return;
       stopReason = reason;
       controller.abort(new Error(`the run was stopped (${reason})`));

@@ -7,9 +7,9 @@
  * Pairing again after the user revoked the connection reconnects it: same runner id and project
  * identities, a new credential, `reconnect` naming the old one. Pairing anew replaces a connection the
  * server no longer knows. Either is only allowed while nothing of the old connection runs here, which
- * holding the daemon's lock (and stopping any process group a crashed daemon left) makes sure of; the old
- * connection's local runs are dropped once the new one is enrolled (the server finalizes them on a
- * reconnect; a new runner cannot report them).
+ * holding the daemon's lock (and stopping any process group a crashed daemon left) makes sure of: a group
+ * that survives its stop refuses the pairing. The old connection's local runs are dropped once the new one
+ * is enrolled (the server finalizes them on a reconnect; a new runner cannot report them).
  */
 import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
@@ -22,7 +22,7 @@ import type { Connection, RunnerHome } from './home.js';
 import { acquireRunnerLock } from './lock.js';
 import { errorText } from './log.js';
 import { registrationOf } from './projects.js';
-import { RunRecords } from './run-state.js';
+import { ProcessGroupsSurviveError, RunRecords, type GroupControl } from './run-state.js';
 
 export class PairingError extends Error {
   constructor(message: string) {
@@ -43,6 +43,8 @@ export interface PairOptions {
   readCode: () => Promise<string>;
   /** Client seams (tests). */
   client?: Pick<RunnerClientOptions, 'sleep' | 'random' | 'timeoutMs' | 'maxAttempts'>;
+  /** Process group seams (tests). */
+  groups?: GroupControl;
 }
 
 export interface PairResult {
@@ -90,8 +92,16 @@ export async function pair(options: PairOptions): Promise<PairResult> {
   // lock makes pairing fail, and what a crashed one left running is stopped.
   const lock = acquireRunnerLock(home.lockFile, home.dir);
   try {
-    const records = new RunRecords(home);
-    for (const runId of records.runIds()) await records.stopGroups(runId);
+    const records = new RunRecords(home, undefined, options.groups);
+    for (const runId of records.runIds()) {
+      try {
+        await records.stopGroups(runId);
+      } catch (error) {
+        // Its folder (and the groups' files) would go once enrolled: nothing could stop them after that.
+        if (error instanceof ProcessGroupsSurviveError) throw new PairingError(`${error.message}; pairing again drops that run, so try again once they are gone`);
+        throw error;
+      }
+    }
 
     const verifier = randomBytes(32).toString('base64url');
     options.show(pairingUrl(options.server, challengeOf(verifier), name));

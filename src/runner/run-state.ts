@@ -11,7 +11,8 @@
  * The record is written before the harness starts, so a run with no record never ran here. The run's
  * process groups are recorded beside it (`groups/`, see agents/local-workspace.ts) while they run, each
  * with its leader's identity (platform/process-identity.ts): a group is stopped only while that leader still runs,
- * never by a bare group id that may be another program's by now.
+ * never by a bare group id that may be another program's by now. A group that outlives its stop (a
+ * member that changed user, one stuck in the kernel) keeps its file: the run is not over while it runs.
  *
  * A record that cannot be read (not JSON, not a record) is damaged: `scan` lists it apart. The daemon
  * then moves the run's folder aside as it is (`quarantine/<run id>`, for the user to look at), reports the
@@ -77,10 +78,34 @@ export function parseGroupRecord(path: string, text: string, writtenAtMs: number
   return { path, pgid, leader: start ? { pid: pgid, start, ...(boot ? { boot } : {}) } : null, writtenAtMs };
 }
 
+/** Sends `signal` to every process of the group `pgid`, throwing as `process.kill` does. */
+export type SignalGroup = (pgid: number, signal: NodeJS.Signals | 0) => void;
+
+const signalGroup: SignalGroup = (pgid, signal) => process.kill(-pgid, signal);
+
+/** How process groups are stopped: the real signals and wait by default; tests swap them. */
+export interface GroupControl {
+  signal?: SignalGroup;
+  /** How long one stop keeps killing a group before it gives up (5 s). */
+  stopTimeoutMs?: number;
+}
+
+/** Process groups of a run that still ran after their stop: the run is not over, and their files stay. */
+export class ProcessGroupsSurviveError extends Error {
+  constructor(
+    readonly runId: string,
+    readonly pgids: number[],
+  ) {
+    super(`process group(s) ${pgids.join(', ')} of run ${runId} still run after SIGKILL`);
+    this.name = 'ProcessGroupsSurviveError';
+  }
+}
+
 export class RunRecords {
   constructor(
     private readonly home: RunnerHome,
     private readonly log: Log = stderrLog,
+    private readonly groups: GroupControl = {},
   ) {}
 
   dirOf(runId: string): string {
@@ -202,11 +227,15 @@ export class RunRecords {
    * for a record written without one, when it started before the record was written
    * (platform/process-identity.ts). A record whose leader is gone is stale and only dropped; one that cannot be
    * checked (a platform that cannot tell) is left running with a log line, and so is the runner's own group.
+   * A group still alive after its stop keeps its file (a later call finds it again), the files of the
+   * others are dropped, and ProcessGroupsSurviveError is thrown: nothing may report the run meanwhile.
    */
   async stopGroups(runId: string): Promise<number> {
     const own = ownProcessGroup();
     let stopped = 0;
-    for (const { pgid, leader, path, writtenAtMs } of this.groupRecords(runId)) {
+    const survivors: GroupRecord[] = [];
+    for (const record of this.groupRecords(runId)) {
+      const { pgid, leader, path, writtenAtMs } = record;
       if (pgid === own || pgid === process.pid) {
         this.log(`run ${runId}: ${path} names the runner's own process group ${pgid}; not stopped`);
         continue;
@@ -214,8 +243,8 @@ export class RunRecords {
       const match = leader ? matchProcess(leader) : matchStartedBy(pgid, writtenAtMs);
       switch (match) {
         case 'running':
-          await stopGroup(pgid);
-          stopped += 1;
+          if (await stopGroup(pgid, this.groups)) stopped += 1;
+          else survivors.push(record);
           break;
         case 'gone':
           break;
@@ -226,15 +255,27 @@ export class RunRecords {
           assertNever(match);
       }
     }
-    rmSync(this.groupsDirOf(runId), { recursive: true, force: true });
-    return stopped;
+    if (survivors.length === 0) {
+      rmSync(this.groupsDirOf(runId), { recursive: true, force: true });
+      return stopped;
+    }
+    const kept = new Set(survivors.map((record) => record.path));
+    for (const { path } of this.groupRecords(runId)) if (!kept.has(path)) rmSync(path, { force: true });
+    throw new ProcessGroupsSurviveError(runId, survivors.map((record) => record.pgid));
   }
 }
 
-/** Whether any process of the group `pid` exists (portable: no /proc needed). */
+/**
+ * Whether any process of the group `pid` exists (portable: no /proc needed). EPERM counts as alive: a
+ * member runs as another user.
+ */
 export function groupExists(pid: number): boolean {
+  return groupAlive(pid, signalGroup);
+}
+
+function groupAlive(pid: number, signal: SignalGroup): boolean {
   try {
-    process.kill(-pid, 0);
+    signal(pid, 0);
     return true;
   } catch (error) {
     return (error as NodeJS.ErrnoException).code === 'EPERM';
@@ -242,17 +283,20 @@ export function groupExists(pid: number): boolean {
 }
 
 /**
- * SIGKILL to the whole group until none of it is left, for at most `timeoutMs`. Only for a group whose
- * leader was just checked: while any member of the group lives, its id cannot be given to another process,
- * so the kills that follow reach the same group.
+ * SIGKILL to the whole group until none of it is left, for at most `stopTimeoutMs`; answers whether it is
+ * gone. Only for a group whose leader was just checked: while any member of the group lives, its id cannot
+ * be given to another process, so the kills that follow reach the same group.
  */
-export async function stopGroup(pid: number, timeoutMs = 5_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (groupExists(pid) && Date.now() < deadline) {
+export async function stopGroup(pid: number, control: GroupControl = {}): Promise<boolean> {
+  const signal = control.signal ?? signalGroup;
+  const deadline = Date.now() + (control.stopTimeoutMs ?? 5_000);
+  for (;;) {
+    if (!groupAlive(pid, signal)) return true;
+    if (Date.now() >= deadline) return false;
     try {
-      process.kill(-pid, 'SIGKILL');
+      signal(pid, 'SIGKILL');
     } catch {
-      // gone meanwhile
+      // gone meanwhile, or not ours to kill: the next check tells
     }
     await new Promise((resolve) => setTimeout(resolve, 20));
   }
