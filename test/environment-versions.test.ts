@@ -462,6 +462,38 @@ describe.each(testDrivers)('environments catching up on %s', (driver) => {
     expect(api.environments.current(workspace.id)!.version).toBe(current.version);
   });
 
+  it('leaves svc/environment ahead of the code host with nothing of its version to push alone until either moves', async () => {
+    const { workspace } = await api.newTenant();
+    await api.environments.ensure(workspace);
+    const host = api.environments.codeHost;
+    const [receiveBranch, knownCommits] = [host.receiveBranch.bind(host), host.knownCommits.bind(host)];
+    host.receiveBranch = async () => {
+      throw new Error('the connection to the code host was interrupted');
+    };
+    const config = parseEnvironmentConfig(api.environments.current(workspace.id)!.record.config);
+    await expect(api.environments.setConfig(workspace, JSON.stringify({ ...config, network: true }))).rejects.toThrow('interrupted');
+    host.receiveBranch = receiveBranch;
+    const published = api.environments.current(workspace.id)!;
+    // The code host says it knows the version's commit (its branch behind it): there is nothing to push.
+    let pushes = 0;
+    host.knownCommits = async (...args: Parameters<typeof knownCommits>) => {
+      pushes += 1;
+      return [...(await knownCommits(...args)), published.record.heads['.']!];
+    };
+    try {
+      await api.environments.sweep();
+      expect(pushes).toBeGreaterThan(0);
+      const first = pushes;
+      // Not tried again, sweep after sweep, while nothing moves.
+      await api.environments.sweep();
+      await api.environments.sweep();
+      expect(pushes).toBe(first);
+      expect(api.environments.current(workspace.id)!.version).toBe(published.version);
+    } finally {
+      host.knownCommits = knownCommits;
+    }
+  });
+
   it('leaves the code host as it was when connecting a repository fails before its version is published', async () => {
     const db = api.db.database.db;
     const { workspace } = await api.newTenant();

@@ -79,7 +79,11 @@ export class Environments {
   /** Per workspace: the update that runs now, and the one queued behind it (several requests share it). */
   private readonly running = new Map<string, Promise<void>>();
   private readonly queued = new Map<string, Promise<void>>();
-  /** Fast-forwards that failed (`workspace dir head`): not tried again until the code host moves. */
+  /**
+   * Working copies that could not be brought to their branch (a failed fast-forward, or svc/environment
+   * ahead with nothing to push), as `workspace dir working-copy-commit branch-commit`: not tried again
+   * until either commit moves.
+   */
   private readonly stuck = new Set<string>();
   /** Stops the setups under way when the process shuts down (an unpublished change is simply redone). */
   private readonly stopping = new AbortController();
@@ -182,14 +186,19 @@ export class Environments {
     });
   }
 
-  /** Repositories whose working copy in `version` is behind their code-host default branch. */
-  private async behind(workspaceId: string, version: EnvironmentVersion, repositories: RepositoryRow[]): Promise<Array<{ repository: RepositoryRow; head: string }>> {
-    const behind: Array<{ repository: RepositoryRow; head: string }> = [];
+  /**
+   * Repositories whose working copy in `version` is behind their code-host default branch, each with its
+   * `stuck` key: the working copy's commit and the branch's, so that it is tried again when either moves.
+   */
+  private async behind(workspaceId: string, version: EnvironmentVersion, repositories: RepositoryRow[]): Promise<Array<{ repository: RepositoryRow; stuckKey: string }>> {
+    const behind: Array<{ repository: RepositoryRow; stuckKey: string }> = [];
     for (const repository of repositories) {
       const head = await this.codeHost.resolve(workspaceId, repository.fullName, `refs/heads/${repository.defaultBranch}`);
-      if (!head || version.record.heads[repository.dir] === head) continue;
-      if (this.stuck.has(`${workspaceId} ${repository.dir} ${head}`)) continue;
-      behind.push({ repository, head });
+      const have = version.record.heads[repository.dir];
+      if (!head || have === head) continue;
+      const stuckKey = `${workspaceId} ${repository.dir} ${have ?? '-'} ${head}`;
+      if (this.stuck.has(stuckKey)) continue;
+      behind.push({ repository, stuckKey });
     }
     return behind;
   }
@@ -207,20 +216,21 @@ export class Environments {
     const pending = await this.behind(workspaceId, current, repositories);
     if (pending.length === 0) return current;
     const names = pending.map(({ repository }) => repository.fullName).join(', ');
-    const found = { environmentAhead: false };
+    // The `stuck` key of svc/environment when its working copy is ahead of the code host.
+    const found: { environmentAhead: string | null } = { environmentAhead: null };
     const { version } = await this.change(workspaceId, `Update ${names}`, async (change) => {
       let moved = 0;
-      found.environmentAhead = false;
-      for (const { repository, head } of await this.behind(workspaceId, change.base, repositories)) {
+      found.environmentAhead = null;
+      for (const { repository, stuckKey } of await this.behind(workspaceId, change.base, repositories)) {
         const outcome = await this.fastForward(change.fork, repository, change.base.record.heads[repository.dir] ?? null);
         // Only a working copy whose commit changed makes the new version differ from its base.
         if (outcome === 'moved') moved += 1;
-        else if (outcome === 'ahead' && repository.fullName === ENVIRONMENT_REPOSITORY) found.environmentAhead = true;
-        else this.stuck.add(`${workspaceId} ${repository.dir} ${head}`);
+        else if (outcome === 'ahead' && repository.fullName === ENVIRONMENT_REPOSITORY) found.environmentAhead = stuckKey;
+        else this.stuck.add(stuckKey);
       }
       change.discard = moved === 0;
     });
-    if (found.environmentAhead) await this.pushEnvironmentRepository(workspaceId);
+    if (found.environmentAhead !== null) await this.pushEnvironmentRepository(workspaceId, found.environmentAhead);
     return version;
   }
 
@@ -253,9 +263,11 @@ export class Environments {
   /**
    * Pushes `svc/environment` commits of the current version that the code host lacks (forward only): a
    * change published its version, then failed to push its config commit (an interrupted connection). The
-   * bundle is made in a throwaway change, of what the version has committed and nothing else.
+   * bundle is made in a throwaway change, of what the version has committed and nothing else. When there
+   * is nothing of the version's to push, that is logged once and `stuckKey` is not tried again until the
+   * version's commit or the code host's branch moves (a failed push is tried again by the next sweep).
    */
-  private async pushEnvironmentRepository(workspaceId: string): Promise<void> {
+  private async pushEnvironmentRepository(workspaceId: string, stuckKey: string): Promise<void> {
     const staged: { commit: { head: string; bundle: string } | null; version: string | null } = { commit: null, version: null };
     try {
       await this.change(workspaceId, `Push ${ENVIRONMENT_REPOSITORY}`, async (change) => {
@@ -269,7 +281,14 @@ export class Environments {
       });
       // Only the commit the version has checked out (what its record says) goes to the code host.
       const { commit } = staged;
-      if (!commit || commit.head !== staged.version) return;
+      if (!commit || commit.head !== staged.version) {
+        this.stuck.add(stuckKey);
+        this.options.logger.warn(
+          { workspaceId, version: staged.version, workingCopy: commit?.head ?? null },
+          `the environment's ${ENVIRONMENT_REPOSITORY} working copy is ahead of the code host, but has no commit of its version to push (the code host knows it already, or the working copy is not the version's commit); left as it is until either moves`,
+        );
+        return;
+      }
       await this.codeHost.receiveBranch(workspaceId, ENVIRONMENT_REPOSITORY, commit.bundle, ENVIRONMENT_BRANCH, commit.head, { fastForwardOnly: true });
       this.options.logger.info({ workspaceId, head: commit.head }, `the environment's ${ENVIRONMENT_REPOSITORY} commits reached the code host`);
     } catch (error) {
