@@ -83,6 +83,29 @@ describe.each(testDrivers)('delivery on %s', (driver) => {
     expect((await other.request('GET', '/api/v1/pulls')).json().pullRequests).toEqual([]);
   });
 
+  it("fails the delivery of a repository git cannot read, naming it and git's error, and still delivers the others", async () => {
+    await engine.connect(sampleRepository('readable'), 'acme/readable');
+    await engine.connect(sampleRepository('broken'), 'acme/broken');
+    engine.script.push(
+      { toolCalls: [{ name: 'write_file', arguments: { path: 'readable/greeting.txt', content: 'hello\n' } }] },
+      { toolCalls: [{ name: 'edit_file', arguments: { path: 'broken/greeting.txt', old: 'hi', new: 'hello' } }] },
+      // After the edit, the repository's index breaks: `git status` fails there.
+      { toolCalls: [{ name: 'run_command', arguments: { command: 'echo garbage > broken/.git/index' } }] },
+      { toolCalls: [{ name: 'finish', arguments: { summary: 'Both say hello.' } }] },
+    );
+    const task = await create({ command: 'Make both say hello' });
+    const done = await engine.settled(task.id);
+    expect(done.latestJob.status, JSON.stringify(done.latestJob)).toBe('FAILED');
+    expect(done.latestJob.error).toMatch(/^acme\/broken has a working tree that could not be read in the fork, so nothing of it was delivered \(git: .*index file smaller than expected.*\); the pull requests of the other repositories \(1\) were pushed$/);
+    const prs = done.task.prs as Array<{ repoFullName: string; state: string }>;
+    expect(prs.map((pr) => [pr.repoFullName, pr.state])).toEqual([['acme/readable', 'open']]);
+    expect((await get('/api/v1/repos/acme/readable/pulls/1')).diff).toContain('+hello');
+    const notes = journal((await engine.tenant.request('GET', `/api/v1/tasks/${task.id}/logs`)).body)
+      .filter((event) => event.kind === 'message')
+      .map((event) => String(event.data.text));
+    expect(notes).toContainEqual(expect.stringMatching(/^acme\/broken has a working tree that could not be read in the fork, so nothing of it was delivered \(git: .*index/));
+  });
+
   it('plans, waits for approval, then implements the approved plan into a pull request', async () => {
     await engine.connect(sampleRepository('shop'), 'acme/shop');
     engine.script.push(

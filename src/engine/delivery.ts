@@ -22,6 +22,7 @@ export const TRANSFER_DIR = '.svc-transfer';
 const TAIL_LINES = 40;
 const TAIL_CHARS = 4_000;
 
+/** What git tells of a repository of the fork. */
 export interface RepositoryState {
   dir: string;
   head: string;
@@ -29,6 +30,15 @@ export interface RepositoryState {
   dirty: boolean;
   /** Commits HEAD has that none of the repository's known commits reaches. */
   ahead: number;
+}
+
+/** A repository of the fork whose state git could not read: what could not be read, and git's last words. */
+export interface UnreadableRepository {
+  dir: string;
+  /** A noun phrase: `a working tree that could not be read`. */
+  what: string;
+  /** The tail of git's stderr (may be empty). */
+  detail: string;
 }
 
 /** A repository of the fork and commits the code host has (its default branch's recent history, the task's branch). */
@@ -59,15 +69,56 @@ async function checked(fork: Fork, argv: string[], options: { signal?: AbortSign
   return result.stdout;
 }
 
-/** Each repository's HEAD, whether its tree has changes, and how far it is ahead of what the code host has. */
-export async function inspectRepositories(fork: Fork, targets: readonly RepositoryTarget[], signal?: AbortSignal): Promise<RepositoryState[]> {
+/**
+ * Shell for a loop over the fork's repositories (`$d`, relative to /workspace) that reads each with git.
+ * `enter` goes into the repository, or answers 1: silently where the fork lacks its directory (a
+ * repository connected after the fork was made), having said why where git cannot read it. `unreadable
+ * WHAT` says that of `$d` with the tail of git's stderr, which goes to `$e`: one line `<dir>\t!\t<what>\t<stderr>`
+ * (`unreadableOf`). Each git command's output is captured on its own, `out=$(git … 2>"$e") || { unreadable
+ * …; continue; }`: inside another command's arguments or a pipeline, its failure would read as an empty answer.
+ */
+export const READ_REPOSITORIES = [
+  'e=$(mktemp) || exit 1',
+  `trap 'rm -f "$e"' EXIT`,
+  'unreadable() { printf "%s\t!\t%s\t%s\n" "$d" "$1" "$(tail -n 3 "$e" | tr "\t\n" "  ")"; }',
+  'enter() {',
+  '  [ -d "/workspace/$d" ] || return 1',
+  '  cd "/workspace/$d" 2>"$e" || { unreadable "a directory that could not be entered"; return 1; }',
+  // Without a .git of its own, git would read the repository around it (the environment's) instead.
+  '  [ -e .git ] || { : >"$e"; unreadable "no .git"; return 1; }',
+  '  top=$(git rev-parse --show-toplevel 2>"$e") || { unreadable "a .git that could not be read"; return 1; }',
+  '  [ "$top" = "$(pwd -P)" ] || { echo "git found the repository at $top" >"$e"; unreadable "a .git that could not be read"; return 1; }',
+  '}',
+].join('\n');
+
+/** The repository and what could not be read, from a line `unreadable` printed (`READ_REPOSITORIES`); null for any other line. */
+export function unreadableOf(line: string): UnreadableRepository | null {
+  const [dir, mark, what, detail] = line.split('\t');
+  if (mark !== '!' || !dir || !what) return null;
+  return { dir, what, detail: (detail ?? '').trim().slice(-TAIL_CHARS) };
+}
+
+/**
+ * Each repository's HEAD, whether its tree has changes, and how far it is ahead of what the code host has;
+ * or what of it git could not read (a broken index, a broken ref, no .git). A repository whose HEAD is
+ * unborn, and one the fork has no directory for, are left out.
+ */
+export async function inspectRepositories(fork: Fork, targets: readonly RepositoryTarget[], signal?: AbortSignal): Promise<Array<RepositoryState | UnreadableRepository>> {
   if (targets.length === 0) return [];
   const script = [
+    READ_REPOSITORIES,
     'for t in "$@"; do',
     '  d=${t%%:*}; shas=${t#*:}',
-    '  cd "/workspace/$d" 2>/dev/null && git rev-parse -q --verify HEAD >/dev/null || continue',
+    '  enter || continue',
+    '  if ! h=$(git rev-parse -q --verify HEAD 2>"$e"); then',
+    // Unborn: HEAD names a branch that has no commit yet. A broken ref fails `symbolic-ref` too.
+    '    git symbolic-ref -q HEAD >/dev/null 2>&1 && continue',
+    '    git rev-parse --verify HEAD >/dev/null 2>"$e"; unreadable "a HEAD that could not be read"; continue',
+    '  fi',
+    '  st=$(git status --porcelain 2>"$e") || { unreadable "a working tree that could not be read"; continue; }',
     `  ${KNOWN_IN_FORK}`,
-    '  printf "%s\\t%s\\t%s\\t%s\\n" "$d" "$(git rev-parse HEAD)" "$(git status --porcelain | head -n 1)" "$(git rev-list --count HEAD --not $nots)"',
+    '  n=$(git rev-list --count HEAD --not $nots 2>"$e") || { unreadable "history that could not be read"; continue; }',
+    '  printf "%s\tok\t%s\t%s\t%s\n" "$d" "$h" "${st:+dirty}" "$n"',
     'done',
   ].join('\n');
   const out = await checked(fork, ['sh', '-c', script, 'sh', ...targets.map(targetArgument)], signal ? { signal } : {});
@@ -75,8 +126,10 @@ export async function inspectRepositories(fork: Fork, targets: readonly Reposito
     .split('\n')
     .filter(Boolean)
     .map((line) => {
-      const [dir, head, change, ahead] = line.split('\t');
-      return { dir: dir!, head: head!, dirty: Boolean(change), ahead: Number(ahead) || 0 };
+      const failure = unreadableOf(line);
+      if (failure) return failure;
+      const [dir, , head, dirty, ahead] = line.split('\t');
+      return { dir: dir!, head: head!, dirty: dirty === 'dirty', ahead: Number(ahead) || 0 };
     });
 }
 

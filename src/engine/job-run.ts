@@ -23,7 +23,21 @@ import { listRepositories, type RepositoryRow } from '../store/repositories.js';
 import type { CheckProof } from '../store/schema.js';
 import { listMessages, type JobRow, type PullRequestRow, type TaskRow } from '../store/tasks.js';
 import { findWorkspace } from '../store/workspaces.js';
-import { bringBranch, clearTransfers, commitAndBundle, inspectRepositories, KNOWN_IN_FORK, proofMarkdown, restoreBranch, runChecks, targetArgument, TRANSFER_DIR } from './delivery.js';
+import {
+  bringBranch,
+  clearTransfers,
+  commitAndBundle,
+  inspectRepositories,
+  KNOWN_IN_FORK,
+  proofMarkdown,
+  READ_REPOSITORIES,
+  restoreBranch,
+  runChecks,
+  targetArgument,
+  TRANSFER_DIR,
+  unreadableOf,
+  type UnreadableRepository,
+} from './delivery.js';
 import { ENVIRONMENT_DIR, type Environments } from './environments.js';
 import { Handoff } from './runners/delegation.js';
 import { assertJobHeld, type JobResult } from './jobs.js';
@@ -81,6 +95,8 @@ export function goalCheckOf(messages: readonly string[]): string | null {
 interface Checked {
   proofs: Map<string, CheckProof[]>;
   changed: Target[];
+  /** Repositories git could not read: whatever they hold is not delivered, and the job fails naming them. */
+  unreadable: Array<{ target: Target; failure: UnreadableRepository }>;
   goalReached: boolean;
   rounds: number;
 }
@@ -155,6 +171,10 @@ export class JobRun {
       if (this.readOnly || outcome.status !== 'completed') return resultOf(outcome);
       const delivered = await this.deliver(fork, checks, outcome.answer);
       const result = resultOf(outcome);
+      if (checks.unreadable.length > 0) {
+        const others = delivered > 0 ? `; the pull requests of the other repositories (${delivered}) were pushed` : '';
+        return { ...result, status: 'FAILED', error: `${checks.unreadable.map(undeliveredText).join('; ')}${others}` };
+      }
       if (this.mode === 'goal' && !checks.goalReached) {
         return { ...result, status: 'FAILED', error: `the goal's check did not hold after ${checks.rounds} iterations${delivered ? '; the pull requests hold the last attempt' : ''}` };
       }
@@ -202,20 +222,26 @@ export class JobRun {
     const unsaved = new Map<string, string[]>();
     const add = (dir: string, what: string) => unsaved.set(dir, [...(unsaved.get(dir) ?? []), what]);
     // It skips a repository whose HEAD is unborn: the script below looks at that one's working tree.
+    const unreadable = new Map<string, string>();
     for (const state of await inspectRepositories(fork, targets, this.input.signal)) {
+      if ('what' in state) {
+        unreadable.set(state.dir, state.what);
+        continue;
+      }
       if (state.dirty) add(state.dir, 'uncommitted changes');
       if (state.ahead > 0) add(state.dir, `${state.ahead} commit${state.ahead === 1 ? '' : 's'} the code host lacks`);
     }
     if (targets.length === 0) return unsaved;
     const regenerated = REGENERATED_DIRS.flatMap((name) => [`*/${name}`, `*/${name}/*`]).join('|');
     const script = [
+      READ_REPOSITORIES,
       'for t in "$@"; do',
       '  d=${t%%:*}; shas=${t#*:}',
-      '  cd "/workspace/$d" 2>/dev/null || continue',
+      '  enter || continue',
       `  ${KNOWN_IN_FORK}`,
       // Captured first: the status of a pipeline is its last command's, which would hide git's failure.
-      '  refs=$(git for-each-ref --format="%(refname)" refs/heads refs/tags) || { printf "%s\trefs that could not be read\n" "$d"; continue; }',
-      '  st=$(git -c core.quotePath=false status --porcelain --ignored=matching) || { printf "%s\ta working tree that could not be read\n" "$d"; continue; }',
+      '  refs=$(git for-each-ref --format="%(refname)" refs/heads refs/tags 2>"$e") || { unreadable "refs that could not be read"; continue; }',
+      '  st=$(git -c core.quotePath=false status --porcelain --ignored=matching 2>"$e") || { unreadable "a working tree that could not be read"; continue; }',
       '  git rev-parse -q --verify HEAD >/dev/null || { printf "%s\n" "$st" | grep -q "^[^!]" && printf "%s\tuncommitted changes\n" "$d"; }',
       '  printf "%s\n" "$st" | while IFS= read -r l; do',
       '    case "$l" in "!! "*) p=${l#"!! "};; *) continue;; esac',
@@ -241,9 +267,13 @@ export class JobRun {
       return unsaved;
     }
     for (const line of result.stdout.split('\n').filter(Boolean)) {
-      const [dir, what] = line.split('\t');
+      const failure = unreadableOf(line);
+      if (failure) unreadable.delete(failure.dir);
+      const [dir, what] = failure ? [failure.dir, failure.what] : line.split('\t');
       if (dir && what) add(dir, what);
     }
+    // What the script did not find unreadable itself (a broken HEAD, say).
+    for (const [dir, what] of unreadable) add(dir, what);
     return unsaved;
   }
 
@@ -410,11 +440,11 @@ export class JobRun {
     let outcome: RunOutcome = { status: 'failed', error: 'the agent did not run' };
     for (let round = 1; ; round++) {
       outcome = await harness.run(manifest, emit);
-      if (outcome.status !== 'completed' || this.readOnly) return { outcome, checks: { proofs: new Map(), changed: [], goalReached: false, rounds: round } };
-      const changed = await this.changedRepositories(fork, targets);
+      if (outcome.status !== 'completed' || this.readOnly) return { outcome, checks: { proofs: new Map(), changed: [], unreadable: [], goalReached: false, rounds: round } };
+      const { changed, unreadable } = await this.changedRepositories(fork, targets);
       const proofs = await this.verify(fork, config, changed, goalCheck, round, devServers);
       const failed = [...proofs.values()].flat().filter((proof) => !proof.passed);
-      const checks = { proofs, changed, goalReached: failed.length === 0, rounds: round };
+      const checks = { proofs, changed, unreadable, goalReached: failed.length === 0, rounds: round };
       if (checks.goalReached || round >= rounds || signal.aborted) return { outcome, checks };
       if (this.mode === 'goal' && (await creditBalance(this.deps.db, job.workspaceId)) <= 0) {
         await emit({ kind: 'message', data: { text: 'The workspace ran out of credits; the goal iterations stop here.' } });
@@ -425,10 +455,18 @@ export class JobRun {
     }
   }
 
-  /** The repositories whose fork has uncommitted changes or commits the code host does not have. */
-  private async changedRepositories(fork: Fork, targets: Target[]): Promise<Target[]> {
+  /** The repositories whose fork has uncommitted changes or commits the code host does not have, and those git could not read. */
+  private async changedRepositories(fork: Fork, targets: Target[]): Promise<Pick<Checked, 'changed' | 'unreadable'>> {
     const states = await inspectRepositories(fork, targets, this.input.signal);
-    return targets.filter((target) => states.some((state) => state.dir === target.dir && (state.dirty || state.ahead > 0)));
+    const changed: Target[] = [];
+    const unreadable: Checked['unreadable'] = [];
+    for (const target of targets) {
+      const state = states.find((candidate) => candidate.dir === target.dir);
+      if (!state) continue;
+      if ('what' in state) unreadable.push({ target, failure: state });
+      else if (state.dirty || state.ahead > 0) changed.push(target);
+    }
+    return { changed, unreadable };
   }
 
   /** The checks of every changed repository (or, in a goal run, the goal's own check), journaled. */
@@ -456,7 +494,10 @@ export class JobRun {
     return proofs;
   }
 
-  /** Commits, pushes and opens or updates a pull request for each repository the last round found changed. */
+  /**
+   * Commits, pushes and opens or updates a pull request for each repository the last round found changed;
+   * the journal says which repositories git could not read, and so were not delivered.
+   */
   private async deliver(fork: Fork, checks: Checked, summary: string): Promise<number> {
     const { db, codeHost, publicUrl } = this.deps;
     const { job, task, emit, signal } = this.input;
@@ -500,6 +541,7 @@ export class JobRun {
         data: { repository: repository.fullName, number: pullRequest.prNumber, url: pullRequest.prUrl, branch, head: bundled.head, opened },
       });
     }
+    for (const unreadable of checks.unreadable) await emit({ kind: 'message', data: { text: `${undeliveredText(unreadable)}.` } });
     return delivered;
   }
 }
@@ -525,6 +567,11 @@ export function environmentNotes(config: EnvironmentConfig, devServers: DevServe
     else lines.push(`Dev server ${server.name} is running at ${server.url}.`);
   }
   return lines.join('\n');
+}
+
+/** Why a repository git could not read was not delivered, naming it and quoting git. */
+function undeliveredText({ target, failure }: Checked['unreadable'][number]): string {
+  return `${target.repository.fullName} has ${failure.what} in the fork, so nothing of it was delivered${failure.detail ? ` (git: ${failure.detail})` : ''}`;
 }
 
 function failureReport(failed: CheckProof[], goal: boolean): string {
