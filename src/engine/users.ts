@@ -40,6 +40,8 @@ import {
   insertUserIfNew,
   listMembers,
   listUserWorkspaces,
+  lockUser,
+  replacePasswordHash,
   setPasswordHash,
   type MemberRow,
   type Role,
@@ -178,28 +180,67 @@ async function grantSession(db: Db, user: UserRow, options: SignInOptions): Prom
  * password take the same path (a full scrypt verification) and give the same 401.
  */
 export async function signInWithPassword(db: Db, input: { email: string; password: string }, options: SignInOptions): Promise<SessionGrant> {
-  const signedIn = await throttledAttempt(db, input.email, options, async () => {
+  return openPasswordSession(db, await verifySignInPassword(db, input, options), options);
+}
+
+/** A password found right for an account, and the hash it was checked against. */
+export interface VerifiedPassword {
+  user: UserRow;
+  passwordHash: string;
+  /** A hash of the same password with today's parameters, when the verified one was made with weaker ones. */
+  rehash: string | null;
+}
+
+/**
+ * The first half of a password sign-in: checks the password under the throttles (401 when wrong). scrypt
+ * runs here, outside any transaction, so that no row stays locked for its tens of milliseconds.
+ */
+export async function verifySignInPassword(db: Db, input: { email: string; password: string }, origin: AttemptOrigin): Promise<VerifiedPassword> {
+  const signedIn = await throttledAttempt(db, input.email, origin, async () => {
     const user = await findUserByEmail(db, input.email.trim());
     const matches = await verifyPassword(input.password, user?.passwordHash ?? (await dummyHash()));
     return matches && user?.passwordHash ? { user, passwordHash: user.passwordHash } : null;
   });
   if (!signedIn) throw new AppError('unauthorized', INVALID_CREDENTIALS);
-  const { user } = signedIn;
   // Hashes made with weaker parameters than today's are replaced while the password is at hand.
-  if (needsRehash(signedIn.passwordHash)) await setPasswordHash(db, user.id, await hashPassword(input.password));
-  return grantSession(db, user, options);
+  const rehash = needsRehash(signedIn.passwordHash) ? await hashPassword(input.password) : null;
+  return { ...signedIn, rehash };
+}
+
+/**
+ * The second half: opens the session only if the account still has the hash that was verified. Between
+ * the two the password may have been changed or cleared (an operator taking the account back revokes
+ * every session in the same transaction): the user's row is locked first, so that such a change either
+ * committed before (the same 401 as a wrong password) or waits for this session and then revokes it.
+ */
+export async function openPasswordSession(db: Db, verified: VerifiedPassword, options: SignInOptions): Promise<SessionGrant> {
+  const grant = await db.transaction(async (tx) => {
+    const user = await lockUser(tx, verified.user.id);
+    if (!user || user.passwordHash !== verified.passwordHash) return null;
+    if (verified.rehash !== null) await replacePasswordHash(tx, user.id, verified.passwordHash, verified.rehash);
+    return grantSession(tx, user, options);
+  });
+  if (!grant) throw new AppError('unauthorized', INVALID_CREDENTIALS);
+  return grant;
 }
 
 export type LinkSignIn = { kind: 'signed-in'; grant: SessionGrant } | { kind: 'used' | 'expired' | 'unknown' };
 
-/** Redeems a one-time sign-in link and opens a session; the link and the session are one transaction. */
+/**
+ * Redeems a one-time sign-in link and opens a session; the link and the session are one transaction. The
+ * user's row is locked before the link is redeemed (the order an operator taking the account back keeps):
+ * a link that take-back ended meanwhile is then found expired by the conditional redemption.
+ */
 export async function signInWithLink(db: Db, token: string, options: SignInOptions): Promise<LinkSignIn> {
   if (!isWellFormedToken(token)) return { kind: 'unknown' };
+  const tokenHash = hashToken(token);
   return db.transaction(async (tx) => {
-    const redeemed = await redeemSignInLink(tx, hashToken(token));
-    if (redeemed.kind !== 'redeemed') return redeemed;
-    const user = await findUser(tx, redeemed.userId);
+    const link = await inspectSignInLink(tx, tokenHash);
+    if (link.kind !== 'redeemed') return link;
+    const user = await lockUser(tx, link.userId);
     if (!user) return { kind: 'unknown' };
+    const redeemed = await redeemSignInLink(tx, tokenHash);
+    if (redeemed.kind !== 'redeemed') return redeemed;
     return { kind: 'signed-in', grant: await grantSession(tx, user, options) };
   });
 }
@@ -349,11 +390,12 @@ export interface JoinedWorkspace {
  * An operator confirms an account a workspace made, in the caller's transaction: until now it was
  * whoever held it (the admin of the workspace that made it could have opened its link, kept the session
  * and set a password). Its password goes, its links end and every session is revoked, so that the link
- * the operator hands out next is the only way in. Links end before sessions are revoked: a link being
- * redeemed meanwhile either waits for this transaction and then finds itself expired, or has committed its
- * session before the revocation reads them.
+ * the operator hands out next is the only way in. The user's row is locked first, as a password sign-in and
+ * a link's redemption lock it before they open a session: one of those either committed its session before
+ * and is revoked here, or waits for this transaction and then finds the password gone or the link expired.
  */
 async function takeBackAccount(tx: Db, userId: string): Promise<UserRow> {
+  await lockUser(tx, userId);
   const user = await confirmUser(tx, userId);
   await expireSignInLinks(tx, userId);
   await revokeOtherSessions(tx, userId, null);

@@ -76,6 +76,31 @@ export async function setPasswordHash(db: Db, userId: string, passwordHash: stri
   await db.update(users).set({ passwordHash }).where(eq(users.id, userId));
 }
 
+/**
+ * Replaces the password hash only while it is still `verified` (the one a password was checked against):
+ * a hash cleared or changed since stays as it is. Returns whether it replaced it.
+ */
+export async function replacePasswordHash(db: Db, userId: string, verified: string, passwordHash: string): Promise<boolean> {
+  const rows = await db
+    .update(users)
+    .set({ passwordHash })
+    .where(and(eq(users.id, userId), eq(users.passwordHash, verified)))
+    .returning({ id: users.id });
+  return rows.length > 0;
+}
+
+/**
+ * Locks the user's row for the caller's transaction and reads it. Whatever changes who may sign in (a
+ * password sign-in, a link's redemption, an operator taking the account back) takes this lock first and
+ * only then touches sessions or links, so they queue on one row in one order. `no key update` is the
+ * lock an UPDATE of the row takes: it does not block the key-share lock that inserting a session or a
+ * link (a foreign key to the row) takes, which would otherwise deadlock with a holder of that row.
+ */
+export async function lockUser(tx: Db, userId: string): Promise<UserRow | null> {
+  const [row] = await tx.select().from(users).where(eq(users.id, userId)).for('no key update');
+  return row ?? null;
+}
+
 /** Adds the membership unless the user already has one in that workspace; returns whether it added it. */
 export async function addMembership(db: Db, input: { workspaceId: string; userId: string; role: Role }): Promise<boolean> {
   const rows = await db.insert(memberships).values(input).onConflictDoNothing().returning({ userId: memberships.userId });

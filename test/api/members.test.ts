@@ -7,14 +7,16 @@
 import { randomBytes } from 'node:crypto';
 import { sql } from 'drizzle-orm';
 import type { InjectOptions, LightMyRequestResponse } from 'fastify';
+import pg from 'pg';
 import { describe, expect, it } from 'vitest';
+import { hashPassword } from '../../src/domain/passwords.js';
 import { createUser } from '../../src/engine/admin.js';
-import { findOrCreateAccount, issueSignInLink } from '../../src/engine/users.js';
+import { findOrCreateAccount, issueSignInLink, openPasswordSession, SESSION_TTL_MS, verifySignInPassword } from '../../src/engine/users.js';
 import { queryRows } from '../../src/store/db.js';
 import { findRoutingConfigs, upsertRoutingConfig } from '../../src/store/routing.js';
-import { addMembership, findPersonalWorkspace, findUserByEmail, type Role } from '../../src/store/users.js';
+import { addMembership, findPersonalWorkspace, findUserByEmail, setPasswordHash, type Role } from '../../src/store/users.js';
 import { DEFAULT_AGENT, TEST_PUBLIC_URL, useTestApi, type Tenant, type TestApi } from '../support/api.js';
-import { testDrivers } from '../support/db.js';
+import { postgresUrl, testDrivers } from '../support/db.js';
 
 const LINK = new RegExp(`^${TEST_PUBLIC_URL}/auth/sign-in/[A-Za-z0-9_-]{43}$`);
 const email = (label: string) => `${label}-${randomBytes(4).toString('hex')}@example.com`;
@@ -165,6 +167,79 @@ describe.each(testDrivers)('workspace members on %s', (driver) => {
     expect((await other.request('POST', '/api/v1/members', { email: byOperator.user.email })).statusCode).toBe(201);
     const { user: unknown } = await db().transaction((tx) => findOrCreateAccount(tx, { email: email('legacy'), defaultAgent: DEFAULT_AGENT }));
     expect((await other.request('POST', '/api/v1/members', { email: unknown.email })).statusCode).toBe(409);
+  });
+
+  /**
+   * An account another workspace made and whoever held it gave a password, hashed with weaker parameters
+   * than today's (so that a sign-in would write a fresh hash back), and a live link.
+   */
+  async function heldAccount() {
+    const maker = await api.newTenant();
+    const address = email('held');
+    const made = await maker.request('POST', '/api/v1/members', { email: address });
+    expect(made.statusCode, made.body).toBe(201);
+    const userId: string = made.json().member.userId;
+    const password = 'the holder chose this one';
+    await setPasswordHash(db(), userId, await hashPassword(password, { logN: 10, r: 8, p: 1 }));
+    const link = await issueSignInLink(db(), userId, TEST_PUBLIC_URL);
+    return { address, userId, password, linkToken: link.url.slice(link.url.lastIndexOf('/') + 1) };
+  }
+
+  const liveSessions = async (userId: string) =>
+    (await queryRows<{ n: number }>(db(), sql`select count(*)::int as n from sessions where user_id = ${userId} and revoked_at is null`))[0]!.n;
+  const confirmInto = async (address: string) =>
+    createUser(db(), { email: address, workspace: (await api.newTenant()).workspace.name, confirm: true }, { publicUrl: TEST_PUBLIC_URL, defaultAgent: DEFAULT_AGENT });
+
+  it('opens no session and writes no hash back for a password verified just before an operator confirms the account', async () => {
+    const { address, userId, password } = await heldAccount();
+    // The password is checked (outside any transaction), the operator confirms, then the sign-in goes on.
+    const verified = await verifySignInPassword(db(), { email: address, password }, { ip: '192.0.2.7' });
+    expect(verified.rehash).not.toBeNull();
+    await confirmInto(address);
+    const options = { ip: '192.0.2.7', ttlMs: SESSION_TTL_MS, userAgent: null, replacedToken: null };
+    await expect(openPasswordSession(db(), verified, options)).rejects.toMatchObject({ code: 'unauthorized', message: 'Invalid email or password' });
+    expect(await liveSessions(userId)).toBe(0);
+    expect(await findUserByEmail(db(), address)).toMatchObject({ passwordHash: null });
+  });
+
+  it.runIf(driver === 'postgres')('makes a password sign-in and a link redemption wait for an operator taking the account back, then refuses both', async () => {
+    const { address, userId, password, linkToken } = await heldAccount();
+    const other = new pg.Client({ connectionString: postgresUrl(), options: `-c search_path=${api.db.schema}` });
+    const observer = new pg.Client({ connectionString: postgresUrl() });
+    await other.connect();
+    await observer.connect();
+    try {
+      const [{ pid }] = (await other.query<{ pid: number }>('select pg_backend_pid() as pid')).rows as [{ pid: number }];
+      // The operator's transaction has locked the account's row, as takeBackAccount does first.
+      await other.query('begin');
+      await other.query('select id from users where id = $1 for no key update', [userId]);
+      const byPassword = passwordSignIn(address, password);
+      const byLink = api.app.inject({ method: 'POST', url: '/api/v1/auth/sign-in-link', payload: { token: linkToken } });
+      let waiting = 0;
+      for (let i = 0; i < 400 && waiting < 2; i++) {
+        await new Promise((resolve) => setTimeout(resolve, 25));
+        // The second to come queues behind the first (the row's lock queue): it waits for the operator too.
+        const { rows } = await observer.query<{ n: number }>(
+          `select count(*)::int as n from pg_stat_activity a where $1 = any(pg_blocking_pids(a.pid))
+             or exists (select 1 from pg_stat_activity b where b.pid = any(pg_blocking_pids(a.pid)) and $1 = any(pg_blocking_pids(b.pid)))`,
+          [pid],
+        );
+        waiting = rows[0]!.n;
+      }
+      expect(waiting, 'both sign-ins wait for the operator').toBe(2);
+      // The rest of the take-back: the password goes, the links end, the sessions are revoked.
+      await other.query('update users set confirmed_at = coalesce(confirmed_at, now()), password_hash = null where id = $1', [userId]);
+      await other.query('update sign_in_links set expires_at = least(expires_at, now()) where user_id = $1 and used_at is null', [userId]);
+      await other.query('update sessions set revoked_at = now() where user_id = $1 and revoked_at is null', [userId]);
+      await other.query('commit');
+      expect((await byPassword).statusCode).toBe(401);
+      expect((await byLink).statusCode).toBe(401);
+    } finally {
+      await other.end();
+      await observer.end();
+    }
+    expect(await liveSessions(userId)).toBe(0);
+    expect(await findUserByEmail(db(), address)).toMatchObject({ passwordHash: null });
   });
 
   it('refuses bad input with 400 naming the field', async () => {
