@@ -24,6 +24,40 @@ export function listFilesCommand(relativePath: string): string[] {
   return ['find', start, '-maxdepth', '2', '-not', '-path', '*/.git/*', '-not', '-name', '.git'];
 }
 
+/** `grep` over a directory (relative to the root), skipping git's and dependencies' folders. */
+export function searchCommand(pattern: string, relativePath: string): string[] {
+  return ['grep', '-rnI', '--exclude-dir=.git', '--exclude-dir=node_modules', '-e', pattern, '--', relativePath];
+}
+
+/** What a search answers: its matches, `no matches` (grep's exit 1), or an error. */
+export function searchAnswer(result: { exitCode: number | null; stdout: string; stderr: string }): string {
+  if (result.exitCode === 1) return 'no matches';
+  if (result.exitCode !== 0) throw new Error(result.stderr.trim() || `grep failed with ${result.exitCode}`);
+  return result.stdout;
+}
+
+/** A shell command with all of the shell's own complaints (a failed redirection, say) in its output, not only the commands' stderr. */
+export function shellCommand(command: string): string[] {
+  return ['sh', '-c', `exec 2>&1\n${command}`];
+}
+
+/** Cuts streamed output into lines for `onLine`; `flush` hands over a last line without a newline. */
+export function lineSplitter(onLine: (line: string) => void): { onStdout(chunk: string): void; flush(): void } {
+  let pending = '';
+  return {
+    onStdout(chunk) {
+      pending += chunk;
+      const lines = pending.split('\n');
+      pending = lines.pop() ?? '';
+      for (const line of lines) onLine(line);
+    },
+    flush() {
+      if (pending) onLine(pending);
+      pending = '';
+    },
+  };
+}
+
 export interface ForkWorkspaceOptions {
   network: boolean;
   /** Stops every command of the run (its whole process group) when aborted: cancel, lost lease. */
@@ -49,19 +83,13 @@ export function forkWorkspace(fork: Fork, options: ForkWorkspaceOptions): Worksp
     async writeFile(path, content) {
       await checked(['sh', '-c', 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"', 'sh', workspacePath(path)], content);
     },
-    async search(pattern, path) {
-      const result = await run(['grep', '-rnI', '--exclude-dir=.git', '--exclude-dir=node_modules', '-e', pattern, '--', workspacePath(path)]);
-      if (result.exitCode === 1) return 'no matches';
-      if (result.exitCode !== 0) throw new Error(result.stderr.trim() || `grep failed with ${result.exitCode}`);
-      return result.stdout;
-    },
+    search: async (pattern, path) => searchAnswer(await run(searchCommand(pattern, workspacePath(path)))),
     async runCommand(command, timeoutMs) {
-      // All of the shell's own complaints too (a failed redirection, say), not only the commands' stderr.
-      const result = await run(['sh', '-c', `exec 2>&1\n${command}`], undefined, timeoutMs);
+      const result = await run(shellCommand(command), undefined, timeoutMs);
       return { exitCode: result.exitCode, output: result.stdout, timedOut: result.timedOut };
     },
     async runStreaming(argv, { env, timeoutMs, network, egressDir, stdin, onLine }) {
-      let pending = '';
+      const lines = lineSplitter(onLine);
       const result = await fork.run(argv, {
         ...base,
         env: { ...(options.env ?? {}), ...(env ?? {}) },
@@ -69,14 +97,9 @@ export function forkWorkspace(fork: Fork, options: ForkWorkspaceOptions): Worksp
         timeoutMs,
         ...(egressDir === undefined ? {} : { egressDir }),
         ...(stdin === undefined ? {} : { stdin }),
-        onStdout(chunk) {
-          pending += chunk;
-          const lines = pending.split('\n');
-          pending = lines.pop() ?? '';
-          for (const line of lines) onLine(line);
-        },
+        onStdout: lines.onStdout,
       });
-      if (pending) onLine(pending);
+      lines.flush();
       return { exitCode: result.exitCode, stderr: result.stderr, timedOut: result.timedOut };
     },
   };

@@ -19,7 +19,7 @@ import { lstatSync, readlinkSync, realpathSync } from 'node:fs';
 import { mkdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { basename, dirname, isAbsolute, join, posix, relative, resolve, sep } from 'node:path';
 import { runProcessGroup, type RunOptions } from '../sandbox/fork.js';
-import { listFilesCommand } from './fork-workspace.js';
+import { lineSplitter, listFilesCommand, searchAnswer, searchCommand, shellCommand } from './fork-workspace.js';
 import type { Workspace } from './types.js';
 
 const FILE_TIMEOUT_MS = 30_000;
@@ -141,35 +141,23 @@ export function localWorkspace(dir: string, options: LocalWorkspaceOptions = {})
       // Checked again: a link may have appeared in its place while the directories were made.
       await writeFile(inside(path), content);
     },
-    async search(pattern, path) {
-      const result = await run(['grep', '-rnI', '--exclude-dir=.git', '--exclude-dir=node_modules', '-e', pattern, '--', relativeOf(path)], {
-        timeoutMs: FILE_TIMEOUT_MS,
-      });
-      if (result.exitCode === 1) return 'no matches';
-      if (result.exitCode !== 0) throw new Error(result.stderr.trim() || `grep failed with ${result.exitCode}`);
-      return result.stdout;
-    },
+    search: async (pattern, path) => searchAnswer(await run(searchCommand(pattern, relativeOf(path)), { timeoutMs: FILE_TIMEOUT_MS })),
     async runCommand(command, timeoutMs) {
-      const result = await run(['sh', '-c', `exec 2>&1\n${command}`], { timeoutMs, tracked: true });
+      const result = await run(shellCommand(command), { timeoutMs, tracked: true });
       return { exitCode: result.exitCode, output: result.stdout, timedOut: result.timedOut };
     },
     async runStreaming(argv, { env, timeoutMs, egressDir, stdin, onLine }) {
       // Nothing here confines a program's network: a CLI on the user's computer runs with its own login.
       if (egressDir) throw new Error("a desktop runner's folder has no sandbox to confine a program to the credential proxy");
-      let pending = '';
+      const lines = lineSplitter(onLine);
       const result = await run(argv, {
         ...(env ? { env } : {}),
         timeoutMs,
         tracked: true,
         ...(stdin === undefined ? {} : { stdin }),
-        onStdout(chunk) {
-          pending += chunk;
-          const lines = pending.split('\n');
-          pending = lines.pop() ?? '';
-          for (const line of lines) onLine(line);
-        },
+        onStdout: lines.onStdout,
       });
-      if (pending) onLine(pending);
+      lines.flush();
       return { exitCode: result.exitCode, stderr: result.stderr, timedOut: result.timedOut };
     },
   };
