@@ -104,7 +104,12 @@ export function syncDir(dir: string): void {
   }
 }
 
-function readJson<T>(path: string, schema: z.ZodType<T>, what: string): T | null {
+/**
+ * A JSON file of the runner's home read and checked against `schema`: null when it does not exist; a
+ * read that fails (too many open files, a failing disk) is thrown as it is; content that is not JSON or
+ * not of the schema is damage, thrown as `damaged(problem)`.
+ */
+export function readJsonFile<T>(path: string, schema: z.ZodType<T>, damaged: (problem: string) => Error): T | null {
   let text: string;
   try {
     text = readFileSync(path, 'utf8');
@@ -115,12 +120,16 @@ function readJson<T>(path: string, schema: z.ZodType<T>, what: string): T | null
   let parsed: unknown;
   try {
     parsed = JSON.parse(text);
-  } catch {
-    throw new HomeError(`${path} is not valid JSON (${what})`);
+  } catch (error) {
+    throw damaged(`not JSON: ${(error as Error).message}`);
   }
   const result = schema.safeParse(parsed);
-  if (!result.success) throw new HomeError(`${path} is not a valid ${what}: ${result.error.issues.map((issue) => `${issue.path.join('.') || '(root)'} ${issue.message}`).join('; ')}`);
+  if (!result.success) throw damaged(result.error.issues.map((issue) => `${issue.path.join('.') || '(root)'} ${issue.message}`).join('; '));
   return result.data;
+}
+
+function readJson<T>(path: string, schema: z.ZodType<T>, what: string): T | null {
+  return readJsonFile(path, schema, (problem) => new HomeError(`${path} is not a valid ${what}: ${problem}`));
 }
 
 export class RunnerHome {

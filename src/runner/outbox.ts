@@ -20,8 +20,9 @@
 import { mkdirSync, readFileSync, rmSync } from 'node:fs';
 import { open, type FileHandle } from 'node:fs/promises';
 import { join } from 'node:path';
+import { z } from 'zod';
 import type { RunnerEvent } from '../protocol/runner.js';
-import { syncDir, writeFileAtomic } from './home.js';
+import { readJsonFile, syncDir, writeFileAtomic } from './home.js';
 import { entryPrefix, eventJsonOf, sendableEntry } from './parts.js';
 
 export interface OutboxEntry {
@@ -40,6 +41,9 @@ export interface OutboxBacklog {
 }
 
 /** Once this many acknowledged bytes sit before the pending ones, the file is rewritten without them. */
+/** acked.json: the last sequence the server acknowledged. */
+const AckedMarker = z.object({ acknowledged: z.number().int().min(0) });
+
 const COMPACT_AFTER_BYTES = 4 * 1024 * 1024;
 
 const EVENTS = 'events.jsonl';
@@ -107,22 +111,8 @@ const fileText = (entries: readonly OutboxEntry[]): string => entries.map((entry
 /** The acknowledged sequence on disk; null when there is no marker. A marker that cannot be read as one is damage; a read that fails (too many open files, a failing disk) is only that, and is thrown as it is. */
 function readAcked(dir: string): number | null {
   const path = join(dir, ACKED);
-  let text: string;
-  try {
-    text = readFileSync(path, 'utf8');
-  } catch (error) {
-    if ((error as NodeJS.ErrnoException).code === 'ENOENT') return null;
-    throw error;
-  }
-  let parsed: unknown;
-  try {
-    parsed = JSON.parse(text);
-  } catch {
-    throw new OutboxCorruptError(path, 'not JSON');
-  }
-  const acknowledged = typeof parsed === 'object' && parsed !== null ? (parsed as { acknowledged?: unknown }).acknowledged : undefined;
-  if (typeof acknowledged === 'number' && Number.isInteger(acknowledged) && acknowledged >= 0) return acknowledged;
-  throw new OutboxCorruptError(path, 'no acknowledged sequence');
+  const marker = readJsonFile(path, AckedMarker, (problem) => new OutboxCorruptError(path, `no acknowledged sequence (${problem})`));
+  return marker?.acknowledged ?? null;
 }
 
 function load(dir: string, fallbackAcknowledged: number): Loaded {

@@ -23,7 +23,7 @@ import { join } from 'node:path';
 import { z } from 'zod';
 import { RunManifest, RunOutcome } from '../protocol/runner.js';
 import { assertNever } from '../domain/errors.js';
-import { writeFileAtomic, type RunnerHome } from './home.js';
+import { readJsonFile, writeFileAtomic, type RunnerHome } from './home.js';
 import { errorText, stderrLog, type Log } from './log.js';
 import { matchProcess, matchStartedBy, ownProcessGroup, type ProcessIdentity } from '../platform/process-identity.js';
 
@@ -119,19 +119,7 @@ export class RunRecords {
   /** The run's record; null when it has none; RunRecordDamagedError when it cannot be read. */
   read(runId: string): RunRecord | null {
     const path = join(this.dirOf(runId), RECORD);
-    if (!existsSync(path)) return null;
-    let json: unknown;
-    try {
-      json = JSON.parse(readFileSync(path, 'utf8'));
-    } catch (error) {
-      throw new RunRecordDamagedError(path, error instanceof SyntaxError ? `not JSON: ${error.message}` : errorText(error));
-    }
-    const parsed = RunRecord.safeParse(json);
-    if (!parsed.success) {
-      const issue = parsed.error.issues[0];
-      throw new RunRecordDamagedError(path, `not a run record: ${issue ? `${issue.path.join('.') || '(root)'} ${issue.message}` : 'invalid'}`);
-    }
-    return parsed.data;
+    return readJsonFile(path, RunRecord, (problem) => new RunRecordDamagedError(path, problem.startsWith('not JSON') ? problem : `not a run record: ${problem}`));
   }
 
   /** The ids of every run folder, recorded or not. */
